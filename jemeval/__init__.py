@@ -1,0 +1,54 @@
+"""jemeval: train and evaluate Joint Energy-based Models (JEM) and compare them with classifiers.
+
+Public API (contracts.md)::
+
+    import jemeval
+    model = jemeval.load_model("runs/digits/best.pt")      # an EnergyModel
+    ds = jemeval.load_dataset("digits", split="test")
+    jemeval.names("score")                                 # ['energy', 'gradnorm', ...]
+    score = jemeval.get("score", "logpx")
+
+Plugins implement hooks marked with :data:`jemeval.hookimpl` (see docs/plugins.md).
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .hookspecs import hookimpl  # noqa: E402
+from .interfaces import calibration_metric, ood_metric  # noqa: E402
+
+__all__ = [
+    "__version__", "hookimpl", "ood_metric", "calibration_metric",
+    "EnergyModel", "SGLD", "ReplayBuffer", "load_model", "load_dataset", "create_model",
+    "get", "names", "save_checkpoint",
+]
+
+_LAZY = {
+    "EnergyModel": ("jemeval.energy", "EnergyModel"),
+    "SGLD": ("jemeval.sampling", "SGLD"),
+    "ReplayBuffer": ("jemeval.sampling", "ReplayBuffer"),
+    "load_model": ("jemeval.checkpoints", "load_model"),
+    "save_checkpoint": ("jemeval.checkpoints", "save_checkpoint"),
+    "load_dataset": ("jemeval.data", "load_dataset"),
+    "create_model": ("jemeval.models", "create_model"),
+    "get": ("jemeval.plugins", "get"),
+    "names": ("jemeval.plugins", "names"),
+    # capability entry points, one per command (see each module for details)
+    "train": ("jemeval.training", "train"),
+    "evaluate_ood": ("jemeval.evaluation.ood", "evaluate_ood"),
+    "calibrate": ("jemeval.evaluation.calibration", "calibrate"),
+    "evaluate": ("jemeval.evaluation.accuracy", "evaluate"),
+    "robust": ("jemeval.evaluation.robustness", "robust"),
+    "sample": ("jemeval.evaluation.generation", "sample"),
+}
+
+
+def __getattr__(name):  # lazy: `import jemeval` stays cheap and never loads plugins
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jemeval' has no attribute {name!r}")

@@ -1,0 +1,47 @@
+"""Built-in models: ``wrn`` (the JEM release's Wide ResNet), ``cnn`` (small, for digits) and
+``timm:<name>`` (any timm architecture, built without pretrained weights)."""
+from __future__ import annotations
+
+from ..errors import UsageError, did_you_mean
+from ..hookspecs import hookimpl
+
+
+def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str | None = None,
+        dropout: float = 0.0):
+    """Pre-activation Wide ResNet with the JEM release's layout (depth, widen, norm none|batch, dropout)."""
+    from ..nets.wrn import WRN
+
+    if isinstance(norm, str) and norm.lower() in ("none", "null", ""):
+        norm = None
+    if norm not in (None, "batch"):
+        raise UsageError(f"unknown WRN norm {norm!r}: choose 'none' or 'batch'")
+    if (int(depth) - 4) % 6 != 0 or int(depth) < 10:
+        raise UsageError(f"WRN depth must be 6n + 4 (10, 16, 22, 28, ...), got {depth}")
+    return WRN(num_classes, input_shape, depth=int(depth), widen=int(widen), norm=norm, dropout=float(dropout))
+
+
+def cnn(num_classes, input_shape, *, width: int = 32):
+    """Small LeakyReLU CNN without BatchNorm, for 8x8 / 28x28 inputs (the digits default)."""
+    from ..nets.small_cnn import SmallCNN
+
+    return SmallCNN(num_classes, input_shape, width=int(width))
+
+
+def timm_model(num_classes, input_shape, *, variant: str | None = None, **options):
+    """Any timm architecture (``timm:resnet18``), randomly initialised: pretrained weights are never fetched."""
+    import timm
+
+    if not variant:
+        raise UsageError("name the timm architecture, e.g. --arch timm:resnet18")
+    available = timm.list_models()
+    if variant not in available:
+        raise UsageError(f"unknown timm architecture {variant!r}{did_you_mean(variant, available)}")
+    options.pop("pretrained", None)
+    return timm.create_model(variant, pretrained=False, num_classes=num_classes, in_chans=input_shape[0], **options)
+
+
+@hookimpl
+def register_models(register):
+    register("wrn", wrn)
+    register("cnn", cnn)
+    register("timm", timm_model)

@@ -1,0 +1,65 @@
+"""Built-in OOD scores; higher = more in-distribution.
+
+* ``logpx``: log p~(x) = logsumexp f(x) (the JEM density score)
+* ``maxprob``: max_y p(y | x) (the classifier baseline, Hendrycks & Gimpel)
+* ``maxlogit``: max_y f(x)[y]
+* ``energy``: T * logsumexp(f(x) / T), minus the free energy of Liu et al. (T = 1 equals logpx)
+* ``gradnorm``: the paper's "approximate mass", -|| d log p~(x) / dx ||_2 per example over the
+  whole input, computed for a batch with one backward pass (no per-example loop; examples are
+  independent in an eval-mode network, so the gradient of the batch sum is each one's own).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..hookspecs import hookimpl
+from ..sampling import frozen, input_grad
+
+
+def logpx(model, x):
+    """log p~(x): logsumexp of the logits."""
+    with torch.no_grad():
+        return model.logits(x).logsumexp(dim=1)
+
+
+def maxprob(model, x):
+    """max_y p(y|x): the top softmax probability."""
+    with torch.no_grad():
+        return model.logits(x).softmax(dim=1).amax(dim=1)
+
+
+def maxlogit(model, x):
+    """max_y f(x)[y]: the top logit."""
+    with torch.no_grad():
+        return model.logits(x).amax(dim=1)
+
+
+def energy(model, x, *, T: float = 1.0):
+    """T * logsumexp(f(x)/T): negative free energy at temperature T (energy:T=2)."""
+    T = float(T)
+    with torch.no_grad():
+        return T * (model.logits(x) / T).logsumexp(dim=1)
+
+
+def gradnorm(model, x):
+    """-||d log p~(x)/dx||_2 per example: the paper's approximate-mass score."""
+    with frozen(model):
+        _, grad = input_grad(model, x)
+    return -grad.flatten(1).norm(dim=1)
+
+
+# The logits-only scores can share one forward pass: the evaluation loop computes logits once and
+# calls ``from_logits`` instead of the model (see jemeval.evaluation).
+logpx.from_logits = lambda logits: logits.logsumexp(dim=1)
+maxprob.from_logits = lambda logits: logits.softmax(dim=1).amax(dim=1)
+maxlogit.from_logits = lambda logits: logits.amax(dim=1)
+energy.from_logits = lambda logits, T=1.0: float(T) * (logits / float(T)).logsumexp(dim=1)
+
+
+@hookimpl
+def register_scores(register):
+    register("logpx", logpx)
+    register("maxprob", maxprob)
+    register("maxlogit", maxlogit)
+    register("energy", energy)
+    register("gradnorm", gradnorm)

@@ -1,0 +1,92 @@
+"""The ``jemeval`` command line: click commands as thin shells over jemeval's Python functions.
+
+Commands live one per module in :mod:`jemeval.cli.commands` (``train.py`` -> ``jemeval train``)
+and are imported only when run, so ``jemeval --help`` stays fast and a broken plugin or a heavy
+import cannot break it. User mistakes raised as :class:`~jemeval.errors.JemevalError` become one
+``Error: ...`` line (exit 2 for usage errors, 1 otherwise), never a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import JemevalError, UsageError
+
+_COMMANDS_PACKAGE = "jemeval.cli.commands"
+
+
+def _command_modules() -> dict[str, str]:
+    from . import commands
+
+    return {
+        m.name.replace("_", "-").removesuffix("-cmd"): f"{_COMMANDS_PACKAGE}.{m.name}"
+        for m in pkgutil.iter_modules(commands.__path__)
+        if not m.name.startswith("_")
+    }
+
+
+class JemevalGroup(click.Group):
+    """Lazy command discovery plus translation of jemeval errors into one-line click errors."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(_command_modules()))
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            return cmd
+        module_name = _command_modules().get(name)
+        if module_name is None:
+            return None
+        module = importlib.import_module(module_name)
+        return getattr(module, "cli")
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            from ..errors import did_you_mean
+
+            if args and "No such command" in str(exc):
+                hint = did_you_mean(args[0], self.list_commands(ctx))
+                raise click.UsageError(f"no command {args[0]!r}{hint}; see 'jemeval --help'", ctx) from None
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
+        except JemevalError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="jemeval")
+def cli():
+    """Train and evaluate Joint Energy-based Models (JEM) and compare them with classifiers.
+
+    \b
+    Typical use:
+      jemeval train digits                      # the embedded default, minutes on a CPU
+      jemeval ood --model runs/digits/best.pt --ood uniform,interp:digits
+      jemeval calibrate --model runs/digits/best.pt --plot reliability.png
+      jemeval robust --model runs/digits/best.pt --norm l2 --refine-steps 0,2
+      jemeval plugins                           # what is installed
+    """
+
+
+def main(argv=None) -> int:
+    try:
+        return cli.main(args=argv, prog_name="jemeval", standalone_mode=True)
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        click.echo("Aborted.", err=True)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

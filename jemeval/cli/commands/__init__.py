@@ -1,0 +1,1 @@
+"""One module per command; each defines ``cli`` (a click command). Discovered lazily."""

@@ -1,0 +1,166 @@
+"""Datasets by name and one fast batch loop for every evaluation command.
+
+Every dataset yields ``(x, y)`` with x a float tensor C x H x W in [-1, 1] and y an int (``-1`` for
+unlabelled sets such as ``uniform``). Names are specs (:func:`jemeval.registry.parse_spec`):
+``digits``, ``digits[0-4]`` (a class subset), ``interp:digits``, ``npz:/path/file.npz``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .errors import UsageError
+from .plugins import get_registry
+from .registry import call_with_supported, parse_spec
+
+DATA_ROOT_ENV = "JEMEVAL_DATA_ROOT"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(DATA_ROOT_ENV, "~/.cache/jemeval/datasets")).expanduser()
+
+
+class ArrayDataset(Dataset):
+    """In-memory images and labels; evaluation slices it directly (no DataLoader overhead)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor | None = None, *, num_classes: int | None = None,
+                 name: str | None = None, info: dict | None = None):
+        self.x = x.float().contiguous()
+        self.y = (torch.full((len(x),), -1, dtype=torch.long) if y is None else torch.as_tensor(y).long())
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{len(self.x)} images but {len(self.y)} labels")
+        self.num_classes = num_classes
+        self.input_shape = tuple(self.x.shape[1:])
+        self.name = name
+        self.info = dict(info or {})
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+class ClassSubset(Dataset):
+    """The examples of ``base`` whose label is in ``classes`` (labels kept as they are)."""
+
+    def __init__(self, base: Dataset, classes: Sequence[int]):
+        self.base = base
+        self.classes = tuple(classes)
+        labels = dataset_labels(base)
+        self.indices = np.flatnonzero(np.isin(labels, self.classes))
+        if len(self.indices) == 0:
+            raise UsageError(f"no examples with classes {list(self.classes)} in this dataset")
+        self.num_classes = getattr(base, "num_classes", None)
+        self.input_shape = getattr(base, "input_shape", None)
+        self.info = {**getattr(base, "info", {}), "classes": list(self.classes)}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.base[int(self.indices[i])]
+
+
+def dataset_labels(ds: Dataset) -> np.ndarray:
+    """All labels of a dataset as an int array (fast for ArrayDataset and torchvision sets)."""
+    if isinstance(ds, ArrayDataset):
+        return ds.y.numpy()
+    if isinstance(ds, ClassSubset):
+        return dataset_labels(ds.base)[ds.indices]
+    for attr in ("targets", "labels"):
+        if hasattr(ds, attr):
+            return np.asarray(getattr(ds, attr)).reshape(-1)
+    return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+
+
+def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None = None, download: bool = False,
+                 **options: Any) -> Dataset:
+    """The dataset registered as ``name`` (a spec) for ``split``, in the [-1, 1] input space.
+
+    Keyword options go to the dataset factory; the context options ``input_shape`` and ``n`` are
+    offered to factories that accept them (synthetic sets take the model's input shape).
+    """
+    spec = parse_spec(name)
+    factory = get_registry().get("dataset", spec.name)
+    context = {k: options.pop(k) for k in ("input_shape", "n", "seed") if k in options}
+    opts = {**spec.options, **options}
+    if spec.variant is not None:
+        opts["variant"] = spec.variant
+    root = Path(root).expanduser() if root is not None else default_root()
+    ds = call_with_supported(factory, split, root, download, context=context, **opts)
+    if spec.classes is not None:
+        ds = ClassSubset(ds, spec.classes)
+    if not hasattr(ds, "spec"):
+        try:
+            ds.spec = str(spec)
+        except AttributeError:
+            pass
+    return ds
+
+
+def subsample(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
+    """A seeded random subset of ``n`` examples (all of them when n is None or >= len)."""
+    if n is None or n >= len(ds):
+        return ds
+    if n <= 0:
+        raise UsageError(f"--n must be positive, got {n}")
+    idx = np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False))
+    if isinstance(ds, ArrayDataset):
+        out = ArrayDataset(ds.x[idx], ds.y[idx], num_classes=ds.num_classes, name=ds.name, info=ds.info)
+        out.spec = getattr(ds, "spec", None)
+        return out
+    sub = torch.utils.data.Subset(ds, idx.tolist())
+    for attr in ("num_classes", "input_shape", "info", "spec"):
+        if hasattr(ds, attr):
+            setattr(sub, attr, getattr(ds, attr))
+    return sub
+
+
+def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.device = "cpu",
+                    num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (x, y) batches on ``device`` in dataset order.
+
+    In-memory datasets are sliced directly; others go through a DataLoader (pinned memory on CUDA).
+    """
+    device = torch.device(device)
+    if isinstance(ds, ArrayDataset):
+        for i in range(0, len(ds), batch_size):
+            yield ds.x[i:i + batch_size].to(device, non_blocking=True), ds.y[i:i + batch_size].to(device, non_blocking=True)
+        return
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                        pin_memory=device.type == "cuda")
+    for x, y in loader:
+        yield x.to(device, non_blocking=True), torch.as_tensor(y).long().to(device, non_blocking=True)
+
+
+def to_arrays(ds: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Materialise a (small) dataset as two tensors."""
+    if isinstance(ds, ArrayDataset):
+        return ds.x, ds.y
+    xs, ys = [], []
+    for x, y in iterate_batches(ds, 512):
+        xs.append(x)
+        ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def input_shape_of(ds: Dataset) -> tuple[int, ...]:
+    shape = getattr(ds, "input_shape", None)
+    if shape:
+        return tuple(shape)
+    return tuple(ds[0][0].shape)
+
+
+def num_classes_of(ds: Dataset) -> int | None:
+    k = getattr(ds, "num_classes", None)
+    if k:
+        return int(k)
+    labels = dataset_labels(ds)
+    labels = labels[labels >= 0]
+    return int(labels.max()) + 1 if len(labels) else None

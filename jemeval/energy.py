@@ -1,0 +1,93 @@
+"""EnergyModel: any logits network read as a joint energy-based model.
+
+A classifier f(x) -> K logits defines (Grathwohl et al. 2020):
+    log p~(x, y) = f(x)[y]
+    log p~(x)    = logsumexp_y f(x)[y]          (the unnormalised log density)
+    E(x)         = -log p~(x)
+    p(y | x)     = softmax(f(x))
+Shifting every logit by a constant changes log p~(x) but not p(y|x): the generative reading lives
+in the part of the logits an ordinary classifier ignores.
+
+Inputs are N x C x H x W tensors in [-1, 1]. An optional per-channel ``normalization`` (mean, std)
+is applied *inside* the model, so every caller (sampler, attacks, scores) still works in [-1, 1].
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+
+class EnergyModel(nn.Module):
+    """Wraps a logits network; ``model(x)`` returns logits (N x K)."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        *,
+        num_classes: int,
+        input_shape: Sequence[int],
+        arch: str | None = None,
+        arch_options: dict[str, Any] | None = None,
+        normalization: dict[str, Sequence[float]] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.num_classes = int(num_classes)
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.arch = arch
+        self.arch_options = dict(arch_options or {})
+        self.normalization = None
+        if normalization:
+            c = self.input_shape[0]
+            mean = torch.as_tensor(normalization["mean"], dtype=torch.float32).reshape(1, -1, 1, 1).expand(1, c, 1, 1)
+            std = torch.as_tensor(normalization["std"], dtype=torch.float32).reshape(1, -1, 1, 1).expand(1, c, 1, 1)
+            self.register_buffer("_norm_mean", mean.clone(), persistent=False)
+            self.register_buffer("_norm_std", std.clone(), persistent=False)
+            self.normalization = {"mean": list(map(float, mean.flatten())), "std": list(map(float, std.flatten()))}
+        #: free-form information carried from the checkpoint (dataset, provenance, source format...)
+        self.metadata: dict[str, Any] = dict(metadata or {})
+
+    # -- the energy-based reading ----------------------------------------------------------------
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalization is not None:
+            x = (x - self._norm_mean) / self._norm_std
+        out = self.net(x)
+        if out.dim() != 2:
+            out = out.reshape(out.shape[0], -1)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x)
+
+    def log_px(self, x: torch.Tensor) -> torch.Tensor:
+        """log p~(x) = logsumexp of the logits (N,)."""
+        return self.logits(x).logsumexp(dim=1)
+
+    def energy(self, x: torch.Tensor) -> torch.Tensor:
+        """E(x) = -log p~(x) (N,); lower = more probable."""
+        return -self.log_px(x)
+
+    def log_pxy(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """log p~(x, y) = f(x)[y] (N,)."""
+        return self.logits(x).gather(1, y.view(-1, 1)).squeeze(1)
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        """p(y | x) = softmax of the logits (N x K)."""
+        return self.logits(x).softmax(dim=1)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x).argmax(dim=1)
+
+    @property
+    def device(self) -> torch.device:
+        for p in self.parameters():
+            return p.device
+        for b in self.buffers():
+            return b.device
+        return torch.device("cpu")
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch!r}, num_classes={self.num_classes}, input_shape={self.input_shape}"

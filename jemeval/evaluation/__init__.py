@@ -1,0 +1,1 @@
+"""Evaluation logic (no click): OOD detection, calibration, accuracy, robustness, generation."""

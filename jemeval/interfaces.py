@@ -1,0 +1,59 @@
+"""The shapes of metrics and attacks (scores and models are fixed by contracts.md).
+
+Metrics
+-------
+A metric is a callable marked with the task it serves:
+
+* :func:`ood_metric`: ``fn(id_scores, ood_scores) -> float``; numpy arrays of scores where higher
+  means more in-distribution (jemeval's score convention). AUROC, FPR95, ...
+* :func:`calibration_metric`: ``fn(probs, labels) -> float``; probs is N x K softmax output,
+  labels N ints. ECE, Brier, NLL, ...
+
+``jemeval ood`` reports every registered OOD metric, ``jemeval calibrate`` every calibration
+metric, so a plugin's metric shows up in both tables with no further work.
+
+Attacks
+-------
+An attack factory is registered by name and called as ``factory(norm, **options)`` with norm
+``"l2"`` or ``"linf"``; it returns an attack callable::
+
+    attack(model, x, y, epsilons) -> Tensor[len(epsilons), N, C, H, W]
+
+``model`` maps inputs in [-1, 1] to logits (an :class:`~jemeval.EnergyModel`, possibly wrapped by
+SGLD refinement); ``epsilons`` are perturbation sizes in [0, 1] *pixel units* (the literature's
+convention; the input space spans 2 units, so a pixel-unit epsilon e is 2e in model space). The
+result holds one adversarial batch per epsilon, each within its epsilon-ball and inside [-1, 1].
+jemeval re-classifies the adversarials itself, so an attack never reports its own success.
+An attack may set ``attack.norms`` (the norms it supports) and ``attack.settings`` (a dict recorded
+in results).
+"""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+METRIC_TASKS = ("ood", "calibration")
+NORMS = ("l2", "linf")
+
+
+def ood_metric(fn: F) -> F:
+    """Mark ``fn(id_scores, ood_scores) -> float`` as an OOD metric."""
+    fn.task = "ood"
+    return fn
+
+
+def calibration_metric(fn: F) -> F:
+    """Mark ``fn(probs, labels) -> float`` as a calibration metric."""
+    fn.task = "calibration"
+    return fn
+
+
+def metric_task(obj) -> str | None:
+    task = getattr(obj, "task", None)
+    return task if task in METRIC_TASKS else None
+
+
+def pixel_to_model_scale(eps: float) -> float:
+    """Epsilon in [0, 1] pixel units -> the same size in the [-1, 1] model input space."""
+    return 2.0 * float(eps)

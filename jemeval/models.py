@@ -1,0 +1,40 @@
+"""Building models by name: ``create_model("wrn:depth=16,widen=4", 10, (3, 32, 32))`` -> EnergyModel."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .energy import EnergyModel
+from .plugins import get_registry
+from .registry import call_with_supported, parse_spec
+
+
+def create_model(
+    arch: str,
+    num_classes: int,
+    input_shape: Sequence[int],
+    *,
+    normalization: dict | None = None,
+    metadata: dict | None = None,
+    **options: Any,
+) -> EnergyModel:
+    """Build the registered architecture ``arch`` (a spec: ``NAME[:VARIANT][,k=v...]``).
+
+    Options given as ``None`` are dropped so that unset command-line options keep the factory's
+    defaults (timm's ``create_model`` habit). The returned model records its arch name and the full
+    options, which is what a checkpoint needs to rebuild it.
+    """
+    spec = parse_spec(arch)
+    factory = get_registry().get("model", spec.name)
+    merged = {**spec.options, **{k: v for k, v in options.items() if v is not None}}
+    if spec.variant is not None:
+        merged["variant"] = spec.variant
+    net = call_with_supported(factory, int(num_classes), tuple(input_shape), **merged)
+    return EnergyModel(
+        net,
+        num_classes=num_classes,
+        input_shape=input_shape,
+        arch=spec.name,
+        arch_options=merged,
+        normalization=normalization,
+        metadata=metadata,
+    )

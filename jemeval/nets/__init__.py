@@ -1,0 +1,1 @@
+"""Network definitions (plain nn.Modules giving logits); registered by jemeval.builtins.models."""

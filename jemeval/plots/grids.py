@@ -1,0 +1,53 @@
+"""Image grids of samples: one row per class when labels are given, pixels mapped from [-1, 1]."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import pyplot, save_figure
+
+
+def to_display(x: torch.Tensor) -> np.ndarray:
+    """N x C x H x W in [-1, 1] -> N x H x W x C in [0, 1] (values outside are clipped)."""
+    x = ((x.detach().float().cpu() + 1.0) / 2.0).clamp(0, 1)
+    return x.permute(0, 2, 3, 1).numpy()
+
+
+def save_image_grid(x: torch.Tensor, path: str | Path, *, nrow: int | None = None,
+                    row_labels: Sequence[str] | None = None, title: str | None = None,
+                    captions: Sequence[str] | None = None) -> Path:
+    """Save ``x`` (N x C x H x W in [-1, 1]) as a PNG grid of ``nrow`` images per row.
+
+    ``row_labels`` names each row (e.g. the class); ``captions`` labels each image (e.g. a
+    confidence). Grayscale images are drawn in gray, colour images as RGB.
+    """
+    plt = pyplot()
+    imgs = to_display(x)
+    n = len(imgs)
+    ncol = nrow or int(np.ceil(np.sqrt(n)))
+    nrows = int(np.ceil(n / ncol)) if n else 1
+    size = 1.0 if imgs.shape[1] <= 16 else 1.2
+    fig, axes = plt.subplots(nrows, ncol, figsize=(ncol * size + (0.8 if row_labels else 0), nrows * size + (0.4 if title else 0)),
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for s in ax.spines.values():
+            s.set_visible(False)
+        if i < n:
+            img = imgs[i]
+            if img.shape[-1] == 1:
+                ax.imshow(img[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            else:
+                ax.imshow(img, interpolation="nearest")
+            if captions is not None and i < len(captions):
+                ax.set_title(captions[i], fontsize=6)
+        if row_labels is not None and i % ncol == 0 and i // ncol < len(row_labels):
+            ax.set_ylabel(str(row_labels[i // ncol]), rotation=0, ha="right", va="center", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return Path(path)

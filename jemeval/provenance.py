@@ -1,0 +1,73 @@
+"""Provenance: what produced a result, recorded in every result file and checkpoint.
+
+jemeval and plugin versions, torch version, device, checkpoint hash, seeds and every sampling or
+evaluation setting: enough for someone else to know exactly what a number means.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from typing import Any
+
+import torch
+
+
+def device_description(device: str | torch.device | None) -> dict[str, Any]:
+    device = torch.device(device or "cpu")
+    info: dict[str, Any] = {"device": str(device)}
+    if device.type == "cuda" and torch.cuda.is_available():
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        info["device_name"] = torch.cuda.get_device_name(idx)
+        info["cuda_version"] = torch.version.cuda
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+        info["cpu_threads"] = torch.get_num_threads()
+    return info
+
+
+def provenance(
+    *,
+    command: str | None = None,
+    model: Any = None,
+    checkpoint: str | None = None,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A provenance record. ``model`` (an EnergyModel) contributes its checkpoint path and hash."""
+    from . import __version__
+    from .checkpoints import file_sha256
+    from .plugins import get_plugin_manager
+
+    record: dict[str, Any] = {
+        "jemeval_version": __version__,
+        "plugins": {k: v for k, v in get_plugin_manager().versions().items()},
+        "torch_version": torch.__version__,
+        "python_version": sys.version.split()[0],
+        "platform": platform.platform(),
+        **device_description(device),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if command:
+        record["command"] = command
+    ckpt = None
+    if model is not None and getattr(model, "metadata", None):
+        ckpt = model.metadata.get("checkpoint")
+        record["model"] = {
+            "arch": getattr(model, "arch", None),
+            "arch_options": getattr(model, "arch_options", None),
+            "num_classes": getattr(model, "num_classes", None),
+            "input_shape": list(getattr(model, "input_shape", ()) or ()),
+            "dataset": model.metadata.get("dataset"),
+            "source_format": model.metadata.get("source_format"),
+        }
+    if checkpoint is not None:
+        ckpt = {"path": str(checkpoint), "sha256": file_sha256(checkpoint)}
+    if ckpt:
+        record["checkpoint"] = ckpt
+    if seed is not None:
+        record["seed"] = seed
+    if settings:
+        record["settings"] = settings
+    return record

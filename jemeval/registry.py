@@ -1,0 +1,212 @@
+"""Named component factories: strict about duplicates, helpful about typos.
+
+Like timm's ``register_model``/``list_models`` (glob patterns) but, like torchvision, a name
+registered twice is an error naming both plugins: a silently replaced score would change
+published numbers. Factories, not instances, are stored so that heavy imports (foolbox, timm)
+happen only when a component is actually used.
+
+Names may be written as *specs* on the command line: ``NAME[:ARG][,key=value...]``::
+
+    timm:resnet18            -> name "timm",   variant "resnet18"
+    energy:T=2               -> name "energy", options {"T": 2.0}
+    wrn:depth=16,widen=4     -> name "wrn",    options {"depth": 16, "widen": 4}
+    interp:digits            -> name "interp", variant "digits"
+    digits[0-4]              -> name "digits", classes (0, 1, 2, 3, 4)
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
+
+KINDS = ("model", "dataset", "score", "metric", "attack")
+HOOKS = {
+    "model": "register_models",
+    "dataset": "register_datasets",
+    "score": "register_scores",
+    "metric": "register_metrics",
+    "attack": "register_attacks",
+}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component and where it came from."""
+
+    kind: str
+    name: str
+    obj: Any
+    plugin: str
+    help: str | None = None
+
+
+@dataclass
+class Spec:
+    """A parsed component spec (see the module docstring)."""
+
+    name: str
+    variant: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    classes: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        text = self.name
+        parts = ([self.variant] if self.variant is not None else []) + [
+            f"{k}={v}" for k, v in self.options.items()
+        ]
+        if parts:
+            text += ":" + ",".join(parts)
+        if self.classes is not None:
+            text += "[" + ",".join(str(c) for c in self.classes) + "]"
+        return text
+
+
+def _literal(value: str) -> Any:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        if lowered in ("none", "null"):
+            return None
+        return value
+
+
+def _parse_classes(text: str, spec: str) -> tuple[int, ...]:
+    classes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                classes.extend(range(lo, hi + 1))
+            elif part:
+                classes.append(int(part))
+        except ValueError:
+            raise UsageError(
+                f"bad class list {text!r} in {spec!r}: write classes as e.g. 'digits[0-4]' or 'digits[1,3,5]'"
+            ) from None
+    if not classes:
+        raise UsageError(f"empty class list in {spec!r}: write e.g. 'digits[0-4]'")
+    return tuple(sorted(set(classes)))
+
+
+def parse_spec(spec: str) -> Spec:
+    """Parse ``NAME[:ARG][,key=value...][[classes]]`` into a :class:`Spec`."""
+    text = spec.strip()
+    classes = None
+    m = re.match(r"^(.*)\[([^\]]*)\]$", text)
+    if m:
+        text, classes = m.group(1), _parse_classes(m.group(2), spec)
+    name, _, rest = text.partition(":")
+    if not name:
+        raise UsageError(f"empty name in {spec!r}")
+    variant, options = None, {}
+    if rest:
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            if eq and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key.strip()):
+                options[key.strip()] = _literal(value.strip())
+            elif variant is None:
+                variant = item
+            else:  # a variant containing commas (e.g. a path): keep it whole
+                variant = variant + "," + item
+    return Spec(name=name, variant=variant, options=options, classes=classes)
+
+
+class Registry:
+    """Components by kind and name; filled by the plugin manager from the hooks."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        #: ``(plugin, error)`` pairs for plugins that failed: named in unknown-name errors so that
+        #: a component of a broken plugin fails clearly when it is requested.
+        self.failures: list[tuple[str, str]] = []
+
+    def add(self, kind: str, name: str, obj: Any, *, plugin: str, help: str | None = None) -> Component:
+        if kind not in self._entries:
+            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise UsageError(
+                f"plugin {plugin!r} registered a {kind} with the invalid name {name!r}: names are "
+                "letters, digits, '_', '.', '-', and start with a letter or digit"
+            )
+        if not callable(obj):
+            raise UsageError(f"plugin {plugin!r} registered {kind} {name!r} as a {type(obj).__name__}, not a callable")
+        existing = self._entries[kind].get(name)
+        if existing is not None:
+            raise DuplicateNameError(
+                f"{kind} {name!r} is registered twice: by plugin {existing.plugin!r} and by plugin {plugin!r}"
+            )
+        component = Component(kind, name, obj, plugin, help or _first_line(getattr(obj, "__doc__", None)))
+        self._entries[kind][name] = component
+        return component
+
+    def component(self, kind: str, name: str) -> Component:
+        """The :class:`Component` for ``name``; a clear error with suggestions when unknown."""
+        if kind not in self._entries:
+            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        entry = self._entries[kind].get(name)
+        if entry is not None:
+            return entry
+        known = sorted(self._entries[kind])
+        message = f"unknown {kind} {name!r}{did_you_mean(name, known)}; known {kind}s: {', '.join(known) or 'none'}"
+        if self.failures:
+            broken = "; ".join(f"plugin {p!r} failed to load: {e}" for p, e in self.failures)
+            message += f" (note: {broken})"
+        raise UnknownNameError(message)
+
+    def get(self, kind: str, name: str) -> Any:
+        return self.component(kind, name).obj
+
+    def names(self, kind: str, pattern: str | None = None) -> list[str]:
+        if kind not in self._entries:
+            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        names = sorted(self._entries[kind])
+        if pattern:
+            names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        return names
+
+    def components(self, kind: str) -> list[Component]:
+        return [self._entries[kind][n] for n in self.names(kind)]
+
+
+def _first_line(doc: str | None) -> str | None:
+    if not doc:
+        return None
+    for line in doc.strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return None
+
+
+def call_with_supported(factory: Callable, *args, context: dict[str, Any] | None = None, **options):
+    """Call ``factory(*args, **options)``, adding the ``context`` keywords it accepts.
+
+    Context values (the model's input shape for a synthetic dataset, say) are offered, not forced:
+    a factory that does not name them is not bothered. Explicit ``options`` always pass through, so
+    a misspelt option still fails loudly.
+    """
+    import inspect
+
+    if context:
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            params = {}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for key, value in context.items():
+            if key not in options and (takes_any or key in params):
+                options[key] = value
+    try:
+        return factory(*args, **options)
+    except TypeError as exc:
+        if "unexpected keyword argument" in str(exc):
+            raise UsageError(f"{getattr(factory, '__name__', factory)}: {exc}") from None
+        raise

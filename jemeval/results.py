@@ -1,0 +1,106 @@
+"""Results: a list of records plus provenance, written as JSON, CSV or markdown (atomically).
+
+Every command returns a :class:`Result`; the CLI only chooses how to print or save it. Each
+format carries the provenance: JSON as a ``provenance`` key, CSV as leading ``# `` comment lines
+(read back with ``pandas.read_csv(path, comment="#")``), markdown as a fenced JSON block.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import write_text_atomic
+
+
+def _plain(obj: Any) -> Any:
+    """Make numpy / torch values JSON-friendly (NaN -> null)."""
+    import torch
+
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if torch.is_tensor(obj):
+        return _plain(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _plain(obj.item())
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+@dataclass
+class Result:
+    """Records (one dict per row) with their provenance and any extra structured output."""
+
+    records: list[dict[str, Any]]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"records": self.records, **self.extra, "provenance": self.provenance}
+        if self.notes:
+            out["notes"] = self.notes
+        return _plain(out)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def frame(self, columns: list[str] | None = None):
+        import pandas as pd
+
+        df = pd.DataFrame(_plain(self.records))
+        if columns:
+            df = df[[c for c in columns if c in df.columns]]
+        return df
+
+    def table(self, columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
+        df = self.frame(columns)
+        if df.empty:
+            return "(no results)"
+        with _pd_options():
+            return df.to_string(index=False, float_format=lambda v: format(v, floatfmt))
+
+    def to_csv(self, columns: list[str] | None = None) -> str:
+        buf = io.StringIO()
+        for line in json.dumps(_plain(self.provenance), sort_keys=True).splitlines():
+            buf.write(f"# provenance: {line}\n")
+        self.frame(columns).to_csv(buf, index=False)
+        return buf.getvalue()
+
+    def to_markdown(self, columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
+        table = self.frame(columns).to_markdown(index=False, floatfmt=floatfmt)
+        prov = json.dumps(_plain(self.provenance), indent=2, sort_keys=True)
+        notes = "".join(f"\n> {n}\n" for n in self.notes)
+        return f"{table}\n{notes}\n<details><summary>provenance</summary>\n\n```json\n{prov}\n```\n</details>\n"
+
+    def save_json(self, path: str | Path) -> Path:
+        return write_text_atomic(path, self.to_json() + "\n")
+
+    def save_csv(self, path: str | Path, columns: list[str] | None = None) -> Path:
+        return write_text_atomic(path, self.to_csv(columns))
+
+    def save_markdown(self, path: str | Path, columns: list[str] | None = None) -> Path:
+        return write_text_atomic(path, self.to_markdown(columns))
+
+
+class _pd_options:
+    def __enter__(self):
+        import pandas as pd
+
+        self._ctx = pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200)
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)

@@ -1,0 +1,208 @@
+"""SGLD sampling and the replay buffer, shared by training, refinement and generation.
+
+The update is the one JEM uses in practice (gradient *ascent* on log p~):
+
+    x <- x + step_size * d/dx sum_batch log p~(x [, y]) + noise * N(0, I)
+
+with log p~(x) = logsumexp f(x) (unconditional) or log p~(x, y) = f(x)[y] (class-conditional).
+While sampling, the network's parameters are frozen (``requires_grad=False``) so that no autograd
+graph is built for them and no parameter gradient is computed or accumulated: each step is one
+forward and one backward for the input gradient only. The model's train/eval mode and every
+parameter's ``requires_grad`` flag are restored afterwards, even when sampling raises.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+BN_MODES = ("eval", "train")
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module, *, train: bool | None = None) -> Iterator[nn.Module]:
+    """Freeze parameters (and optionally set train/eval mode); restore both on exit."""
+    was_training = model.training
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        if train is not None:
+            model.train(train)
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
+def log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """log p~(x) (``y`` is None) or log p~(x, y), per example (N,)."""
+    logits = model(x)
+    if logits.dim() != 2:
+        logits = logits.reshape(logits.shape[0], -1)
+    if y is None:
+        return logits.logsumexp(dim=1)
+    return logits.gather(1, y.view(-1, 1)).squeeze(1)
+
+
+def input_grad(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None, *, create_graph: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p~(x [, y]), d/dx of its batch sum), computed w.r.t. the input only.
+
+    Call it inside :func:`frozen` (or on a model whose parameters do not require grad) to avoid
+    building graph nodes for the parameters. Examples are independent (eval-mode networks have no
+    cross-example terms), so the gradient of the sum is each example's own gradient.
+    """
+    if not x.requires_grad:
+        x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        value = log_p(model, x, y)
+        (grad,) = torch.autograd.grad(value.sum(), x, create_graph=create_graph)
+    return value, grad
+
+
+@dataclass
+class SGLD:
+    """Stochastic gradient Langevin dynamics as used by JEM (settings are recorded in results).
+
+    steps:      number of updates
+    step_size:  alpha, the gradient's multiplier (JEM: 1.0)
+    noise:      std of the Gaussian noise added each step (JEM: 0.01)
+    clamp:      optional (lo, hi) to clamp samples after each step (SADA-JEM clamps to [-1, 1])
+    bn_mode:    "eval" (JEM) or "train" (JEM++ keeps BatchNorm in train mode while sampling)
+    """
+
+    steps: int = 20
+    step_size: float = 1.0
+    noise: float = 0.01
+    clamp: tuple[float, float] | None = None
+    bn_mode: str = "eval"
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"SGLD steps must be >= 0, got {self.steps}")
+        if self.bn_mode not in BN_MODES:
+            raise ValueError(f"bn_mode must be one of {BN_MODES}, got {self.bn_mode!r}")
+        if self.clamp is not None:
+            self.clamp = (float(self.clamp[0]), float(self.clamp[1]))
+
+    def settings(self) -> dict:
+        """Plain-data settings for provenance records."""
+        d = asdict(self)
+        d["clamp"] = list(self.clamp) if self.clamp is not None else None
+        return d
+
+    def sample(
+        self,
+        model: nn.Module,
+        x0: torch.Tensor,
+        y: torch.Tensor | None = None,
+        *,
+        steps: int | None = None,
+        create_graph: bool = False,
+        generator: torch.Generator | None = None,
+        return_trace: bool = False,
+    ):
+        """Run the chains from ``x0``; returns the samples (and, with ``return_trace``, the mean
+        log p~ before each step and after the last, a tensor of length steps + 1).
+
+        ``create_graph=True`` keeps the graph through the steps w.r.t. the *input* (never the
+        parameters), so an attacker can differentiate through the refinement.
+        The trace stays on the device: no host synchronisation inside the loop.
+        """
+        n_steps = self.steps if steps is None else int(steps)
+        trace = []
+        with frozen(model, train=(self.bn_mode == "train")):
+            x = x0 if create_graph else x0.detach()
+            for _ in range(n_steps):
+                if not create_graph:
+                    x = x.detach()
+                value, grad = input_grad(model, x, y, create_graph=create_graph)
+                if return_trace:
+                    trace.append(value.detach().mean())
+                noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+                x = x + self.step_size * grad + self.noise * noise
+                if self.clamp is not None:
+                    x = x.clamp(*self.clamp)
+            if return_trace:
+                with torch.no_grad():
+                    trace.append(log_p(model, x.detach(), y).mean())
+        out = x if create_graph else x.detach()
+        if return_trace:
+            return out, (torch.stack(trace) if trace else torch.zeros(0))
+        return out
+
+
+def uniform_like_shape(n: int, shape: Sequence[int], *, device=None, generator=None) -> torch.Tensor:
+    """U(-1, 1) images, the JEM chain initialisation."""
+    return torch.rand((n, *shape), generator=generator, device=device) * 2 - 1
+
+
+class ReplayBuffer:
+    """Persistent chains for PCD training and for sampling from a checkpoint.
+
+    ``size`` images initialised U(-1, 1) on ``device``. :meth:`sample` draws chain starts, each
+    re-initialised from U(-1, 1) with probability ``reinit_freq``; :meth:`push` writes the chains'
+    new states back. Class-conditional draws treat the buffer as ``num_classes`` contiguous blocks
+    (index = y * (size // K) + offset), as the JEM release does.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        input_shape: Sequence[int],
+        *,
+        num_classes: int | None = None,
+        reinit_freq: float = 0.05,
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if size <= 0:
+            raise ValueError(f"replay buffer size must be > 0, got {size}")
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.reinit_freq = float(reinit_freq)
+        self.device = torch.device(device)
+        self.data = uniform_like_shape(size, self.input_shape, device=self.device, generator=generator)
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    def sample(
+        self, n: int, y: torch.Tensor | None = None, *, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x0, indices): ``n`` chain starts, on the buffer's device."""
+        size = len(self)
+        if y is None:
+            idx = torch.randint(0, size, (n,), generator=generator, device=self.device)
+        else:
+            if not self.num_classes:
+                raise ValueError("class-conditional sampling needs a buffer built with num_classes")
+            per_class = size // self.num_classes
+            idx = y.to(self.device) * per_class + torch.randint(0, per_class, (n,), generator=generator, device=self.device)
+        x0 = self.data[idx]
+        fresh = uniform_like_shape(n, self.input_shape, device=self.device, generator=generator)
+        reinit = torch.rand(n, generator=generator, device=self.device) < self.reinit_freq
+        x0 = torch.where(reinit.view(-1, *([1] * len(self.input_shape))), fresh, x0)
+        return x0, idx
+
+    def push(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        self.data[idx] = x.detach().to(self.data.device, self.data.dtype)
+
+    def state_dict(self) -> dict:
+        return {"data": self.data, "reinit_freq": self.reinit_freq, "num_classes": self.num_classes}
+
+    @classmethod
+    def from_tensor(cls, data: torch.Tensor, *, num_classes=None, reinit_freq=0.05, device="cpu") -> "ReplayBuffer":
+        buf = cls.__new__(cls)
+        buf.input_shape = tuple(data.shape[1:])
+        buf.num_classes = num_classes
+        buf.reinit_freq = float(reinit_freq)
+        buf.device = torch.device(device)
+        buf.data = data.to(buf.device, torch.float32).clone()
+        return buf
