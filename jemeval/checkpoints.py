@@ -26,7 +26,7 @@ import torch
 
 from .atomic import atomic_path
 from .energy import EnergyModel
-from .errors import CheckpointError
+from .errors import CheckpointError, UnknownNameError
 
 FORMAT = "jemeval-checkpoint"
 FORMAT_VERSION = 1
@@ -171,6 +171,11 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
                           "config": obj.get("config", {}), "source_format": FORMAT},
                 **obj.get("arch_options", {}),
             )
+        except UnknownNameError as exc:
+            raise CheckpointError(
+                f"{path!r} needs model architecture {obj.get('arch')!r}, which no installed plugin provides; "
+                f"install the plugin that registers it ({exc})"
+            ) from None
         except KeyError as exc:
             raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint (missing {exc.args[0]!r})") from None
         try:

@@ -48,7 +48,8 @@ class PluginInfo:
     distribution: str | None = None
     hooks: list[str] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # load-time errors (import, invalid hooks)
+    hook_errors: list[str] = field(default_factory=list)  # errors from the last registry build
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -58,7 +59,7 @@ class PluginInfo:
             "distribution": self.distribution,
             "hooks": sorted(self.hooks),
             "registered": {k: sorted(v) for k, v in self.registered.items() if v},
-            "error": "; ".join(self.errors) or None,
+            "error": "; ".join(self.errors + self.hook_errors) or None,
         }
 
 
@@ -155,12 +156,12 @@ class PluginManager:
     def _build_registry(self) -> Registry:
         registry = Registry()
         for info in self.infos.values():
-            info.hooks, info.registered = [], {k: [] for k in KINDS}
+            info.hooks, info.registered, info.hook_errors = [], {k: [] for k in KINDS}, []
         for kind in KINDS:
             hook_name = HOOKS[kind]
             caller = getattr(self.pm.hook, hook_name)
-            # pluggy returns LIFO order; reverse so built-ins register first.
-            for impl in reversed(caller.get_hookimpls()):
+            # registration order: built-ins first, so a later plugin's duplicate is the one blamed
+            for impl in caller.get_hookimpls():
                 info = self.infos.get(impl.plugin_name)
                 if info is None:
                     continue
@@ -178,13 +179,11 @@ class PluginManager:
                 except Exception as exc:
                     self._record_failure(registry, info, f"{hook_name} raised {type(exc).__name__}: {exc}")
         for info in self.infos.values():
-            for error in info.errors:
-                if (info.name, error) not in registry.failures:
-                    registry.failures.append((info.name, error))
+            registry.failures.extend((info.name, error) for error in info.errors + info.hook_errors)
         return registry
 
     def _record_failure(self, registry: Registry, info: PluginInfo, message: str) -> None:
-        info.errors.append(message)
+        info.hook_errors.append(message)
         self._warn(info.name, message)
 
     def plugin_infos(self) -> list[PluginInfo]:

@@ -1,4 +1,6 @@
-"""Metric definitions (contracts.md). Scores: higher = more in-distribution.
+"""Metric definitions (contracts.md).
+
+OOD metrics, ``fn(id_scores, ood_scores) -> float``; scores: higher = more in-distribution.
 
 * AUROC: in-distribution is the positive class (scikit-learn's ``roc_auc_score``).
 * AUPR-In: average precision with in-distribution positive.
@@ -6,6 +8,19 @@
 * FPR95: the fraction of OOD inputs accepted (score >= threshold) at the threshold that keeps
   95% of in-distribution inputs (the ODIN / energy-OOD convention). The threshold is the 5th
   percentile of in-distribution scores taken as the largest t with at least 95% of ID scores >= t.
+
+Calibration metrics, ``fn(probs, labels) -> float`` with probs N x K softmax outputs. Confidence is
+the max probability, the prediction its argmax. Equal-width bins over confidence (default 20),
+bin b holds the interval (b/B, (b+1)/B]; a confidence of exactly 0 falls in the first bin, 1.0 in
+the last. With n_b examples in bin b, acc_b their accuracy and conf_b their mean confidence:
+
+* ECE = sum_b n_b/N |acc_b - conf_b|;  MCE = max over non-empty bins |acc_b - conf_b|;
+* RMS = sqrt(sum_b n_b/N (acc_b - conf_b)^2);
+* Brier = mean over examples of sum_k (p_k - 1[k = y])^2 (the multi-class Brier score, 0..2);
+* NLL = mean -log p_y (probabilities clipped at the smallest positive float64 so that a
+  confidently wrong example costs about 708 nats instead of infinity).
+
+Metrics that accept a ``bins`` keyword get the command's ``--bins`` (plugin metrics too).
 """
 from __future__ import annotations
 
@@ -53,11 +68,118 @@ def fpr95(id_scores, ood_scores) -> float:
     """Fraction of OOD inputs accepted at the threshold that keeps 95% of in-distribution inputs."""
     id_scores = np.sort(np.asarray(id_scores, dtype=np.float64).reshape(-1))
     ood_scores = np.asarray(ood_scores, dtype=np.float64).reshape(-1)
-    # keep ceil(0.95 n) in-distribution inputs: the threshold is the score of the k-th largest
-    k = int(np.ceil(0.95 * len(id_scores)))
+    # keep ceil(0.95 n) in-distribution inputs (integer arithmetic: 0.95 * n is inexact in
+    # floating point): the threshold is the score of the k-th largest
+    k = -(-95 * len(id_scores) // 100)
     threshold = id_scores[len(id_scores) - k]
     return float(np.mean(ood_scores >= threshold))
 
 
+# -- calibration ---------------------------------------------------------------------------------
+DEFAULT_BINS = 20
+
+
+def _probs_labels(probs, labels) -> tuple[np.ndarray, np.ndarray]:
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels).reshape(-1).astype(np.int64)
+    if probs.ndim != 2 or len(probs) != len(labels):
+        raise ValueError(f"probs must be N x K and labels N; got {probs.shape} and {labels.shape}")
+    return probs, labels
+
+
+def bin_edges(bins: int) -> np.ndarray:
+    """The B + 1 edges b / B (each the correctly rounded double, so 0.15 is the literal 0.15)."""
+    bins = int(bins)
+    if bins < 1:
+        raise ValueError(f"the number of bins must be >= 1, got {bins}")
+    return np.arange(bins + 1, dtype=np.float64) / bins
+
+
+def bin_index(confidence, bins: int) -> np.ndarray:
+    """The bin of each confidence: bin b holds (b/B, (b+1)/B]; 0 goes to bin 0, 1 to bin B - 1."""
+    edges = bin_edges(bins)
+    idx = np.searchsorted(edges, np.asarray(confidence, dtype=np.float64), side="left") - 1
+    return np.clip(idx, 0, int(bins) - 1)
+
+
+def reliability_bins(probs, labels, bins: int = DEFAULT_BINS) -> dict[str, np.ndarray]:
+    """Per-bin lower/upper edge, count, mean confidence and accuracy (NaN for empty bins)."""
+    probs, labels = _probs_labels(probs, labels)
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
+    idx = bin_index(confidence, bins)
+    count = np.bincount(idx, minlength=bins).astype(np.int64)
+    conf_sum = np.bincount(idx, weights=confidence, minlength=bins)
+    acc_sum = np.bincount(idx, weights=correct, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.where(count > 0, conf_sum / np.maximum(count, 1), np.nan)
+        acc = np.where(count > 0, acc_sum / np.maximum(count, 1), np.nan)
+    edges = bin_edges(bins)
+    return {"lower": edges[:-1], "upper": edges[1:], "count": count, "confidence": conf, "accuracy": acc}
+
+
+def _gaps(probs, labels, bins) -> tuple[np.ndarray, np.ndarray]:
+    table = reliability_bins(probs, labels, bins)
+    weight = table["count"] / max(int(table["count"].sum()), 1)
+    gap = np.nan_to_num(np.abs(table["accuracy"] - table["confidence"]), nan=0.0)
+    return weight, gap
+
+
+@calibration_metric
+def ece(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Expected calibration error: sum_b n_b/N |acc_b - conf_b| (equal-width bins)."""
+    weight, gap = _gaps(probs, labels, bins)
+    return float(np.sum(weight * gap))
+
+
+@calibration_metric
+def mce(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Maximum calibration error: the largest |acc_b - conf_b| over non-empty bins."""
+    weight, gap = _gaps(probs, labels, bins)
+    return float(gap[weight > 0].max()) if np.any(weight > 0) else float("nan")
+
+
+@calibration_metric
+def rms(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Root-mean-square calibration error: sqrt(sum_b n_b/N (acc_b - conf_b)^2)."""
+    weight, gap = _gaps(probs, labels, bins)
+    return float(np.sqrt(np.sum(weight * gap ** 2)))
+
+
+@calibration_metric
+def brier(probs, labels) -> float:
+    """Multi-class Brier score: mean over examples of sum_k (p_k - 1[k = y])^2."""
+    probs, labels = _probs_labels(probs, labels)
+    onehot = np.zeros_like(probs)
+    onehot[np.arange(len(labels)), labels] = 1.0
+    return float(np.mean(np.sum((probs - onehot) ** 2, axis=1)))
+
+
+@calibration_metric
+def nll(probs, labels) -> float:
+    """Negative log-likelihood: mean -log p(y | x) of the true labels."""
+    probs, labels = _probs_labels(probs, labels)
+    p = probs[np.arange(len(labels)), labels]
+    return float(np.mean(-np.log(np.maximum(p, np.finfo(np.float64).tiny))))
+
+
 #: name -> metric, registered by jemeval.builtins.metrics
-BUILTIN_METRICS = {"auroc": auroc, "aupr_in": aupr_in, "aupr_out": aupr_out, "fpr95": fpr95}
+BUILTIN_METRICS = {
+    "auroc": auroc, "aupr_in": aupr_in, "aupr_out": aupr_out, "fpr95": fpr95,
+    "ece": ece, "mce": mce, "rms": rms, "brier": brier, "nll": nll,
+}
+
+
+def registered_metrics(task: str) -> list[tuple[str, object]]:
+    """(name, metric) for every registered metric of ``task`` ("ood" or "calibration").
+
+    Built-ins come first in their documented order, plugin metrics after them by name, so a
+    plugin's metric shows up as an extra column with no further work.
+    """
+    from ..interfaces import metric_task
+    from ..plugins import get_registry
+
+    registry = get_registry()
+    found = [(c.name, c.obj) for c in registry.components("metric") if metric_task(c.obj) == task]
+    order = {name: i for i, name in enumerate(BUILTIN_METRICS)}
+    return sorted(found, key=lambda item: (order.get(item[0], len(order)), item[0]))

@@ -1,0 +1,169 @@
+"""A test kit for plugin authors (and for jemeval's own tests).
+
+::
+
+    from jemeval import testing
+
+    def test_my_score():
+        with testing.registered_plugin(my_plugin_module):
+            testing.check_score("my_score")
+
+* :func:`registered_plugin`: register a plugin object for the duration of a ``with`` block (or a
+  test), the way datasette's tests do; the registry is rebuilt with it and restored afterwards.
+* :func:`tiny_model`, :func:`tiny_dataset`: small, fast, deterministic stand-ins.
+* :func:`check_model`, :func:`check_dataset`, :func:`check_score`, :func:`check_metric`,
+  :func:`check_attack`: contract checks that raise ``AssertionError`` with a message saying which
+  part of the contract a component breaks.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .energy import EnergyModel
+from .interfaces import NORMS, metric_task
+from .plugins import get_plugin_manager
+
+
+@contextlib.contextmanager
+def registered_plugin(plugin: object, name: str | None = None, version: str | None = None) -> Iterator[str]:
+    """Register ``plugin`` (module or object with ``@jemeval.hookimpl`` functions) inside the block."""
+    pm = get_plugin_manager()
+    plugin_name = pm.register(plugin, name=name, version=version)
+    try:
+        yield plugin_name
+    finally:
+        pm.unregister(plugin_name)
+
+
+class TinyNet(nn.Module):
+    """A two-layer LeakyReLU network on flattened inputs: enough to have a real energy surface."""
+
+    def __init__(self, num_classes: int, input_shape: Sequence[int], hidden: int = 32):
+        super().__init__()
+        d = int(np.prod(input_shape))
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(d, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def tiny_model(num_classes: int = 3, input_shape: Sequence[int] = (1, 4, 4), seed: int = 0) -> EnergyModel:
+    """A small random :class:`EnergyModel` in eval mode."""
+    torch.manual_seed(seed)
+    return EnergyModel(TinyNet(num_classes, input_shape), num_classes=num_classes, input_shape=input_shape,
+                       arch="tiny").eval()
+
+
+def tiny_dataset(n: int = 32, input_shape: Sequence[int] = (1, 4, 4), num_classes: int = 3, seed: int = 0):
+    """``n`` random images in [-1, 1] with balanced labels (an :class:`~jemeval.data.ArrayDataset`)."""
+    from .data import ArrayDataset
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand((n, *input_shape), generator=g) * 2 - 1
+    y = torch.arange(n) % num_classes
+    return ArrayDataset(x, y, num_classes=num_classes, name="tiny")
+
+
+def _component(kind: str, obj_or_name: Any) -> Any:
+    if isinstance(obj_or_name, str):
+        return get_plugin_manager().registry.get(kind, obj_or_name)
+    return obj_or_name
+
+
+def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequence[int] = (3, 32, 32), **options) -> nn.Module:
+    """A model factory builds an nn.Module mapping N x C x H x W to N x K finite logits, differentiable in x."""
+    factory = _component("model", factory_or_name)
+    net = factory(num_classes, tuple(input_shape), **options)
+    assert isinstance(net, nn.Module), f"model factory returned {type(net).__name__}, not an nn.Module"
+    net.eval()
+    x = (torch.rand(2, *input_shape) * 2 - 1).requires_grad_(True)
+    out = net(x)
+    assert out.shape == (2, num_classes), f"model gives logits of shape {tuple(out.shape)}, expected (2, {num_classes})"
+    assert torch.isfinite(out).all(), "model gives non-finite logits"
+    (g,) = torch.autograd.grad(out.logsumexp(1).sum(), x)
+    assert g.abs().sum() > 0, "logits do not depend on the input (zero input gradient)"
+    return net
+
+
+def check_dataset(factory_or_name: Any, split: str = "test", **options) -> Any:
+    """A dataset factory yields (x, y) with x a float C x H x W tensor in [-1, 1] and y an int (-1 if unlabelled)."""
+    from pathlib import Path
+
+    factory = _component("dataset", factory_or_name)
+    ds = factory(split, Path("."), False, **options)
+    assert len(ds) > 0, "dataset is empty"
+    for i in {0, len(ds) - 1}:
+        x, y = ds[i]
+        assert torch.is_tensor(x) and x.dtype == torch.float32 and x.dim() == 3, "x must be a float32 C x H x W tensor"
+        assert float(x.min()) >= -1.0 - 1e-6 and float(x.max()) <= 1.0 + 1e-6, "x must lie in [-1, 1]"
+        assert isinstance(int(y), int) and int(y) >= -1, "y must be a class index or -1 for unlabelled sets"
+    return ds
+
+
+def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8, **options) -> torch.Tensor:
+    """A score maps (model, x) to a finite Tensor[N]; it is per-example (batch-independent), leaves the
+    model's mode, parameters and their gradients untouched, and is deterministic for an eval-mode model."""
+    score = _component("score", score_or_name)
+    model = model or tiny_model()
+    model.eval()
+    x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    before = [p.detach().clone() for p in model.parameters()]
+    flags = [p.requires_grad for p in model.parameters()]
+    s = score(model, x, **options)
+    assert torch.is_tensor(s) and s.shape == (n,), f"score must return Tensor[{n}], got {getattr(s, 'shape', type(s))}"
+    assert torch.isfinite(s).all(), "score returned non-finite values"
+    assert not model.training, "score left the model in train mode"
+    assert [p.requires_grad for p in model.parameters()] == flags, "score changed parameters' requires_grad"
+    assert all(p.grad is None for p in model.parameters()), "score accumulated parameter gradients"
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "score changed the parameters"
+    halves = torch.cat([score(model, x[: n // 2], **options), score(model, x[n // 2:], **options)])
+    assert torch.allclose(halves.detach(), s.detach(), rtol=1e-4, atol=1e-5), "score of an example depends on the rest of the batch"
+    return s
+
+
+def check_metric(metric_or_name: Any) -> float:
+    """A metric declares its task (ood or calibration), returns a finite float, and ignores input order."""
+    metric = _component("metric", metric_or_name)
+    task = metric_task(metric)
+    assert task is not None, "metric must be marked with @jemeval.ood_metric or @jemeval.calibration_metric"
+    rng = np.random.default_rng(0)
+    if task == "ood":
+        a, b = rng.normal(1, 1, 50), rng.normal(0, 1, 40)
+        value = metric(a, b)
+        again = metric(rng.permutation(a), rng.permutation(b))
+    else:
+        logits = rng.normal(size=(60, 4))
+        probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        labels = rng.integers(0, 4, 60)
+        value = metric(probs, labels)
+        perm = rng.permutation(60)
+        again = metric(probs[perm], labels[perm])
+    assert isinstance(value, (float, np.floating)) and np.isfinite(value), f"metric returned {value!r}, not a finite float"
+    assert abs(float(value) - float(again)) < 1e-9, "metric depends on the order of the examples"
+    return float(value)
+
+
+def check_attack(factory_or_name: Any, norm: str = "linf", epsilons: Sequence[float] = (0.0, 0.05, 0.2),
+                 model: EnergyModel | None = None, **options) -> torch.Tensor:
+    """An attack returns one batch per epsilon, each inside its epsilon ball (pixel units, i.e. 2*eps in
+    model space) and inside [-1, 1]; epsilon 0 returns the clean inputs."""
+    assert norm in NORMS, f"norm must be one of {NORMS}"
+    factory = _component("attack", factory_or_name)
+    attack = factory(norm, **options)
+    model = model or tiny_model()
+    x = torch.rand(6, *model.input_shape, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    y = model.predict(x).detach()
+    advs = attack(model, x, y, list(epsilons))
+    assert torch.is_tensor(advs) and advs.shape == (len(epsilons), *x.shape), (
+        f"attack must return Tensor[{len(epsilons)}, {', '.join(map(str, x.shape))}], got {getattr(advs, 'shape', type(advs))}")
+    assert advs.min() >= -1 - 1e-5 and advs.max() <= 1 + 1e-5, "adversarials leave the [-1, 1] input space"
+    for eps, adv in zip(epsilons, advs):
+        delta = (adv - x).flatten(1)
+        size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
+        assert (size <= 2 * eps + 1e-4).all(), f"perturbation of size {float(size.max()) / 2:.4f} (pixel units) exceeds epsilon {eps}"
+    return advs

@@ -1,0 +1,103 @@
+"""jemeval's tutorial plugin: one component of each kind, registered through the hooks.
+
+jemeval finds this module through the entry point in pyproject.toml::
+
+    [project.entry-points.jemeval]
+    example = "jemeval_example.plugin"
+
+Each hook receives ``register(name, obj, *, help=None)``. Objects are factories or callables;
+jemeval calls them only when the component is used.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+import jemeval
+from jemeval.data import ArrayDataset
+
+
+# -- a model: factory(num_classes, input_shape, **options) -> nn.Module giving logits ----------
+def example_mlp(num_classes, input_shape, *, hidden: int = 64):
+    """A two-layer LeakyReLU MLP on flattened images."""
+    d = int(np.prod(input_shape))
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, int(hidden)), nn.LeakyReLU(0.2), nn.Linear(int(hidden), num_classes))
+
+
+# -- a dataset: factory(split, root, download, **options) -> Dataset of (x in [-1, 1], y) ------
+def example_stripes(split, root, download, *, n: int = 200, size: int = 8):
+    """Horizontal (class 0) or vertical (class 1) stripes with noise; 8x8 grayscale."""
+    g = torch.Generator().manual_seed(0 if split == "train" else 1)
+    y = torch.arange(int(n)) % 2
+    base = (torch.arange(int(size)) % 2).float() * 2 - 1            # -1, 1, -1, 1, ...
+    horizontal = base.view(-1, 1).expand(size, size)
+    vertical = base.view(1, -1).expand(size, size)
+    x = torch.where(y.view(-1, 1, 1) == 0, horizontal, vertical).clone()
+    x = (x * 0.8 + 0.2 * (torch.rand(x.shape, generator=g) * 2 - 1)).clamp(-1, 1)
+    return ArrayDataset(x.unsqueeze(1), y, num_classes=2, name="example-stripes")
+
+
+# -- a score: obj(model, x) -> Tensor[N], higher = more in-distribution ------------------------
+def example_l2(model, x):
+    """Minus the L2 norm of the logits (a toy score: confident inputs have large logits)."""
+    with torch.no_grad():
+        return -model.logits(x).norm(dim=1)
+
+
+# -- a metric: marked with its task; OOD metrics take (id_scores, ood_scores) -------------------
+@jemeval.ood_metric
+def example_detection_error(id_scores, ood_scores) -> float:
+    """Minimal detection error: min over thresholds of 0.5 * (FNR on ID + FPR on OOD)."""
+    id_scores, ood_scores = np.asarray(id_scores, float), np.asarray(ood_scores, float)
+    thresholds = np.concatenate([id_scores, ood_scores, [np.inf]])
+    fnr = (id_scores[None, :] < thresholds[:, None]).mean(1)
+    fpr = (ood_scores[None, :] >= thresholds[:, None]).mean(1)
+    return float((0.5 * (fnr + fpr)).min())
+
+
+# -- an attack: factory(norm, **options) -> attack(model, x, y, epsilons) -> Tensor[E, N, ...] --
+def example_noise(norm, *, seed: int = 0):
+    """Random noise at the full epsilon: a sanity baseline any real attack must beat."""
+
+    def attack(model, x, y, epsilons):
+        g = torch.Generator(device=x.device).manual_seed(int(seed))
+        out = []
+        for eps in epsilons:
+            eps_model = jemeval.interfaces.pixel_to_model_scale(eps)   # pixel units -> [-1, 1] space
+            if norm == "linf":
+                delta = eps_model * torch.sign(torch.randn(x.shape, generator=g, device=x.device))
+            else:
+                d = torch.randn(x.shape, generator=g, device=x.device)
+                delta = eps_model * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *[1] * (x.dim() - 1))
+            out.append((x + delta).clamp(-1, 1))
+        return torch.stack(out)
+
+    attack.norms = ("l2", "linf")
+    attack.settings = {"seed": int(seed)}
+    return attack
+
+
+@jemeval.hookimpl
+def register_models(register):
+    register("example-mlp", example_mlp)
+
+
+@jemeval.hookimpl
+def register_datasets(register):
+    register("example-stripes", example_stripes)
+
+
+@jemeval.hookimpl
+def register_scores(register):
+    register("example-l2", example_l2)
+
+
+@jemeval.hookimpl
+def register_metrics(register):
+    register("example-detection-error", example_detection_error)
+
+
+@jemeval.hookimpl
+def register_attacks(register):
+    register("example-noise", example_noise)

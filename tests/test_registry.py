@@ -1,0 +1,66 @@
+import pytest
+
+from jemeval.errors import DuplicateNameError, UnknownNameError, UsageError
+from jemeval.registry import Registry, parse_spec
+
+
+def _f(*a, **k):
+    return None
+
+
+def test_duplicate_names_are_errors_naming_both_plugins():
+    r = Registry()
+    r.add("score", "logpx", _f, plugin="a")
+    with pytest.raises(DuplicateNameError, match=r"'logpx' is registered twice: by plugin 'a' and by plugin 'b'"):
+        r.add("score", "logpx", _f, plugin="b")
+
+
+def test_unknown_name_suggests_close_matches_and_lists_known():
+    r = Registry()
+    r.add("score", "logpx", _f, plugin="a")
+    r.add("score", "maxprob", _f, plugin="a")
+    with pytest.raises(UnknownNameError) as exc:
+        r.get("score", "logp")
+    assert "did you mean 'logpx'?" in str(exc.value)
+    assert "known scores: logpx, maxprob" in str(exc.value)
+
+
+def test_unknown_name_mentions_broken_plugins():
+    r = Registry()
+    r.failures.append(("broken-plugin", "import failed: ImportError: nope"))
+    with pytest.raises(UnknownNameError, match="plugin 'broken-plugin' failed to load"):
+        r.get("model", "whatever")
+
+
+def test_glob_listing_and_invalid_names():
+    r = Registry()
+    for n in ("wrn", "wrn-bn", "cnn"):
+        r.add("model", n, _f, plugin="p")
+    assert r.names("model", "wrn*") == ["wrn", "wrn-bn"]
+    assert r.names("model") == ["cnn", "wrn", "wrn-bn"]
+    with pytest.raises(UsageError, match="invalid name"):
+        r.add("model", "has space", _f, plugin="p")
+    with pytest.raises(UsageError, match="not a callable"):
+        r.add("model", "x", 3, plugin="p")
+    with pytest.raises(UsageError, match="unknown component kind"):
+        r.names("modle")
+
+
+@pytest.mark.parametrize("text,name,variant,options,classes", [
+    ("digits", "digits", None, {}, None),
+    ("timm:resnet18", "timm", "resnet18", {}, None),
+    ("energy:T=2", "energy", None, {"T": 2}, None),
+    ("wrn:depth=16,widen=4,norm=batch", "wrn", None, {"depth": 16, "widen": 4, "norm": "batch"}, None),
+    ("digits[0-4]", "digits", None, {}, (0, 1, 2, 3, 4)),
+    ("cifar10[1,3]", "cifar10", None, {}, (1, 3)),
+    ("interp:digits[5-9]", "interp", "digits", {}, (5, 6, 7, 8, 9)),
+    ("npz:/tmp/a,b.npz", "npz", "/tmp/a,b.npz", {}, None),
+])
+def test_parse_spec(text, name, variant, options, classes):
+    spec = parse_spec(text)
+    assert (spec.name, spec.variant, spec.options, spec.classes) == (name, variant, options, classes)
+
+
+def test_parse_spec_bad_class_list():
+    with pytest.raises(UsageError, match="bad class list"):
+        parse_spec("digits[a-b]")
