@@ -40,6 +40,7 @@ _LAZY = {
     "evaluate": ("jemeval.evaluation.accuracy", "evaluate"),
     "robust": ("jemeval.evaluation.robustness", "robust"),
     "sample": ("jemeval.evaluation.generation", "sample"),
+    "fidelity": ("jemeval.evaluation.fidelity", "fidelity"),
 }
 
 

@@ -71,7 +71,15 @@ class EnergyModel(nn.Module):
         return -self.log_px(x)
 
     def log_pxy(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """log p~(x, y) = f(x)[y] (N,)."""
+        """log p~(x, y) = f(x)[y] (N,).
+
+        A net with a ``class_logits(x, y)`` method computes only those entries: a class-conditional
+        energy (IGEBM) would otherwise evaluate all K classes to keep one.
+        """
+        if hasattr(self.net, "class_logits"):
+            if self.normalization is not None:
+                x = (x - self._norm_mean) / self._norm_std
+            return self.net.class_logits(x, y)
         return self.logits(x).gather(1, y.view(-1, 1)).squeeze(1)
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:

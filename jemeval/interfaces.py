@@ -25,7 +25,23 @@ convention; the input space spans 2 units, so a pixel-unit epsilon e is 2e in mo
 result holds one adversarial batch per epsilon, each within its epsilon-ball and inside [-1, 1].
 jemeval re-classifies the adversarials itself, so an attack never reports its own success.
 An attack may set ``attack.norms`` (the norms it supports) and ``attack.settings`` (a dict recorded
-in results).
+in results). Optional attributes ``jemeval robust`` understands (all additive; an attack with only
+the base interface works unchanged):
+
+* ``attack.gradient_free = True``: a decision-based attack (never differentiates the model). Its
+  runs are recorded with ``grad_mode = "none"`` and compared with the white-box ones: a
+  gradient-free attack that beats a white-box attack is flagged (obfuscated gradients).
+* ``attack.minimization = True`` plus ``attack.minimize(model, x, y) -> Tensor[N, C, H, W]``:
+  adversarials of (locally) minimal size, in model space (an input it could not attack is
+  returned unchanged). jemeval then projects them onto each epsilon ball itself (foolbox's
+  ``clip_perturbation``: Linf clamps, L2 scales the perturbation down) instead of calling
+  ``attack(...)``, and reports each input's minimal perturbation (pixel units, verified by
+  re-classification) and the robustness-distortion curve derived from it.
+* ``attack.last_without_start``: after a call, the number of inputs it could not attack (e.g. no
+  adversarial starting point); reported in the notes.
+
+The caller seeds torch and numpy before every attack call, freezes the model's parameters, and
+validates the output (shape, [-1, 1], each epsilon ball) before re-classifying it.
 """
 from __future__ import annotations
 

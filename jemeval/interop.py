@@ -1,29 +1,66 @@
 """Foreign checkpoint layouts: recognised from their keys, built as jemeval EnergyModels.
 
-Each layout is a :class:`ForeignLayout` in ``LAYOUTS``: ``match(obj)`` returns the state dict
-(or None) and ``build`` returns the model. The JEM release (WRN without BatchNorm, with the
-unused ``f.linear`` and ``energy_output`` heads) and its BatchNorm follow-ups (JEM++, SADA-JEM:
-norm layers, no ``f.linear``) share the same WRN module names.
+Each supported layout is a :class:`ForeignLayout` in ``LAYOUTS``; ``match(obj)`` returns a
+:class:`FoundCheckpoint` (or None) whose ``build`` returns the model. All three share the JEM
+release's Wide ResNet module names (jem-reference.md section 3), so one WRN builder serves them;
+they differ in the keys that tell them apart and in the BatchNorm mode their authors' samplers use:
+
+* ``jem-release``: JEM (Grathwohl et al. 2020), no norm layers; its ``f.linear`` and
+  ``energy_output`` heads are unused and dropped. Samples with the network in eval mode.
+* ``jem-release-batchnorm``: the same code trained with ``--norm batch`` (``f.linear`` present).
+* ``jem++/sada-jem``: JEM++ (Yang & Ji 2021) and SADA-JEM (Yang et al. 2023): BatchNorm, no
+  ``f.linear``. Both keep BatchNorm in *train* mode while sampling, which is recorded as
+  ``config["sgld"]["bn_mode"] = "train"`` so that ``jemeval sample`` and the SGLD refinement pick
+  it up. JEM++'s ``--model yopo`` network registers its first conv and its stages a second time
+  (``f.layer_one.*``, ``f.other_layers.*``); those aliases are checked equal and dropped.
+
+:func:`convert` writes any of them as a jemeval checkpoint, with its source recorded.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from .energy import EnergyModel
-from .errors import CheckpointError
+from .errors import CheckpointError, UsageError
+
+#: SADA-JEM's 64 x 64 networks add a fourth stage; jemeval's WRN has three
+_UNSUPPORTED_WRN_KEYS = (("f.layer4.", "a fourth WRN stage (f.layer4, SADA-JEM's 64x64 networks)"),)
+#: JEM++ --model yopo: the same modules registered under a second name
+_YOPO_ALIASES = (("f.layer_one.", "f.conv1."), ("f.other_layers.0.", "f.layer1."), ("f.other_layers.1.", "f.layer2."),
+                 ("f.other_layers.2.", "f.layer3."), ("f.other_layers.3.", "f.bn1."))
 
 
 @dataclass
 class FoundCheckpoint:
+    """A recognised foreign checkpoint: its layout, state dict, inferred config and sampler hints."""
+
     layout: str
     state: dict
     config: dict
     replay_buffer: Any
     builder: Callable[["FoundCheckpoint", str], EnergyModel]
+    #: SGLD settings the layout's authors used (read by sampling commands via config["sgld"])
+    sgld: dict = field(default_factory=dict)
 
     def build(self, path: str) -> EnergyModel:
         return self.builder(self, path)
+
+    def source_config(self) -> dict:
+        """What a converted checkpoint records about its source (its ``config``)."""
+        return {"source_layout": self.layout, "arch_inferred": dict(self.config), "sgld": dict(self.sgld)}
+
+
+@dataclass(frozen=True)
+class ForeignLayout:
+    name: str
+    summary: str
+    bn_mode: str
+    match: Callable[[Any], FoundCheckpoint | None]
 
 
 def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
@@ -34,7 +71,7 @@ def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
     model = create_model(
         "wrn", cfg["num_classes"], (cfg["in_channels"], 32, 32),
         depth=cfg["depth"], widen=cfg["widen"], norm=cfg["norm"],
-        metadata={"dataset": None, "source_format": found.layout},
+        metadata={"dataset": None, "source_format": found.layout, "config": found.source_config()},
     )
     # WRN options are all known: `norm=None` must stay explicit in arch_options
     model.arch_options = {"depth": cfg["depth"], "widen": cfg["widen"], "norm": cfg["norm"], "dropout": 0.0}
@@ -45,30 +82,139 @@ def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
     return model
 
 
-def _match_wrn(obj: Any) -> FoundCheckpoint | None:
-    from .checkpoints import infer_wrn_config, official_state_dict, replay_buffer_of
+def without_yopo_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop JEM++'s ``yopo`` aliases (``f.layer_one.*``, ``f.other_layers.*``) after checking
+    each equals the canonical tensor it duplicates; a differing alias means a layout we don't know."""
+    if not any(k.startswith(("f.layer_one.", "f.other_layers.")) for k in state):
+        return state
+    kept = {}
+    for key, value in state.items():
+        alias = next(((a, c) for a, c in _YOPO_ALIASES if key.startswith(a)), None)
+        if alias is None:
+            kept[key] = value
+            continue
+        canonical = alias[1] + key[len(alias[0]):]
+        if canonical not in state or not torch.equal(state[canonical], value):
+            raise CheckpointError(
+                f"key {key!r} looks like a JEM++ yopo alias but does not equal {canonical!r}; "
+                "this is not a layout jemeval knows"
+            )
+    return kept
 
-    state = official_state_dict(obj)
-    if state is None:
-        return None
-    cfg = infer_wrn_config(state)
-    if cfg["norm"] is None:
-        layout = "jem-release"
-    else:
-        layout = "jem++/sada-jem" if "f.linear.weight" not in state else "jem-release-batchnorm"
-    return FoundCheckpoint(layout, state, cfg, replay_buffer_of(obj), _build_wrn)
+
+def _reject_unsupported(state: dict[str, torch.Tensor]) -> None:
+    for prefix, what in _UNSUPPORTED_WRN_KEYS:
+        if any(k.startswith(prefix) for k in state):
+            raise CheckpointError(f"the checkpoint has {what}, which jemeval's WRN does not support (32x32 models only)")
 
 
-#: matchers tried in order by :func:`identify_foreign`
-LAYOUTS: list[Callable[[Any], FoundCheckpoint | None]] = [_match_wrn]
+def _wrn_layout(name: str, summary: str, bn_mode: str, *, norm: str | None, linear: bool | None) -> ForeignLayout:
+    """A WRN layout told apart by its norm and by whether the unused ``f.linear`` head is present."""
+
+    def match(obj: Any) -> FoundCheckpoint | None:
+        from .checkpoints import infer_wrn_config, official_state_dict, replay_buffer_of
+
+        state = official_state_dict(obj)
+        if state is None:
+            return None
+        state = without_yopo_aliases(state)
+        cfg = infer_wrn_config(state)
+        if cfg["norm"] != norm or (linear is not None and ("f.linear.weight" in state) != linear):
+            return None
+        _reject_unsupported(state)
+        return FoundCheckpoint(name, state, cfg, replay_buffer_of(obj), _build_wrn, sgld={"bn_mode": bn_mode})
+
+    return ForeignLayout(name, summary, bn_mode, match)
+
+
+#: layouts tried in order by :func:`identify_foreign`
+LAYOUTS: list[ForeignLayout] = [
+    _wrn_layout("jem-release", "JEM release WRN, no norm layers (f.*, class_output.*; f.linear/energy_output ignored)",
+                "eval", norm=None, linear=None),
+    _wrn_layout("jem-release-batchnorm", "JEM release WRN trained with --norm batch (BatchNorm keys and f.linear)",
+                "eval", norm="batch", linear=True),
+    _wrn_layout("jem++/sada-jem", "JEM++ / SADA-JEM WRN (BatchNorm keys, no f.linear; yopo aliases accepted)",
+                "train", norm="batch", linear=False),
+]
+
+
+def supported_layouts() -> str:
+    """One line naming every supported layout (for error messages)."""
+    return "; ".join(f"{layout.name}: {layout.summary}" for layout in LAYOUTS)
 
 
 def identify_foreign(obj: Any) -> FoundCheckpoint | None:
-    for match in LAYOUTS:
-        try:
-            found = match(obj)
-        except CheckpointError:
-            raise
+    for layout in LAYOUTS:
+        found = layout.match(obj)
         if found is not None:
             return found
     return None
+
+
+# -- jemeval convert ---------------------------------------------------------------------------
+def _looks_like_tensorflow(path: Path) -> bool:
+    if path.is_dir():
+        return (path / "checkpoint").exists()
+    return path.suffix == ".index" or re.search(r"\.data-\d+-of-\d+$", path.name) is not None or (
+        not path.exists() and Path(f"{path}.index").exists()
+    )
+
+
+def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
+    """Write the foreign checkpoint ``path_in`` as a jemeval checkpoint at ``path_out``.
+
+    The output records the source layout, the source file's SHA-256, the BatchNorm mode the
+    layout's authors sample with (``config["sgld"]["bn_mode"]``) and, with ``dataset``, the
+    training set (which a foreign checkpoint does not name; ``ood`` and ``calibrate`` use it as
+    the in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
+    """
+    from .checkpoints import file_sha256, is_jemeval_checkpoint, read_checkpoint, save_checkpoint
+    from .provenance import provenance
+    from .results import Result
+
+    src, dst = Path(path_in), Path(path_out)
+    if _looks_like_tensorflow(src):
+        raise UsageError(
+            f"{str(src)!r} is a TensorFlow checkpoint; IGEBM release checkpoints are converted by the "
+            "jemeval-igebm plugin: pip install 'jemeval-igebm[tf]', then jemeval-igebm-convert IN OUT"
+        )
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise UsageError(f"output {str(dst)!r} is the input file; give a different output path")
+    if dst.suffix != ".pt":
+        raise UsageError(f"output must be a .pt file, got {str(dst)!r}")
+    if dataset is not None:
+        check_dataset_name(dataset)
+    obj = read_checkpoint(src)
+    if is_jemeval_checkpoint(obj):
+        raise UsageError(f"{str(src)!r} is already a jemeval checkpoint; nothing to convert")
+    found = identify_foreign(obj)
+    if found is None:
+        keys = list(obj)[:4] if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(
+            f"{str(src)!r} has no layout jemeval knows (top-level keys: {keys}); supported layouts are "
+            f"{supported_layouts()}"
+        )
+    model = found.build(str(src))
+    sha = file_sha256(src)
+    config = {**found.source_config(), "source_file": str(src), "source_sha256": sha}
+    prov = provenance(command="convert", checkpoint=str(src), settings={"source_layout": found.layout, "dataset": dataset})
+    save_checkpoint(dst, model, dataset=dataset, replay_buffer=found.replay_buffer, config=config, provenance=prov)
+    record = {
+        "source": str(src), "output": str(dst), "layout": found.layout, "arch": model.arch,
+        "arch_options": model.arch_options, "num_classes": model.num_classes, "dataset": dataset,
+        "bn_mode": found.sgld.get("bn_mode"),
+        "replay_buffer": None if found.replay_buffer is None else list(found.replay_buffer.shape),
+        "source_sha256": sha,
+    }
+    return Result([record], provenance=prov)
+
+
+def check_dataset_name(dataset: str) -> None:
+    from .errors import did_you_mean
+    from .plugins import names
+    from .registry import parse_spec
+
+    known = names("dataset")
+    name = parse_spec(dataset).name
+    if name not in known:
+        raise UsageError(f"unknown dataset {dataset!r}{did_you_mean(name, known)}; known datasets: {', '.join(known)}")

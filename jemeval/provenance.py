@@ -43,7 +43,7 @@ def provenance(
     record: dict[str, Any] = {
         "jemeval_version": __version__,
         "plugins": {k: v for k, v in get_plugin_manager().versions().items()},
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),  # a TorchVersion would not load with weights_only
         "python_version": sys.version.split()[0],
         "platform": platform.platform(),
         **device_description(device),

@@ -9,15 +9,26 @@ While sampling, the network's parameters are frozen (``requires_grad=False``) so
 graph is built for them and no parameter gradient is computed or accumulated: each step is one
 forward and one backward for the input gradient only. The model's train/eval mode and every
 parameter's ``requires_grad`` flag are restored afterwards, even when sampling raises.
+
+A step is as cheap as an input gradient can be: parameters frozen (autograd prunes every weight
+branch), no graph kept between steps, the update fused into two kernels on a fresh tensor, the trace
+kept on the device (no ``.item()``). The optional ``fastpath`` of :meth:`SGLD.sample` adds bf16
+autocast for the network and channels_last chains (:mod:`jemeval.fastpath`); the chains, the update
+and the replay buffer stay fp32. Measurements: benchmarks/README.md.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from torch import nn
+
+from .fastpath import to_fp32
+
+if TYPE_CHECKING:
+    from .fastpath import FastPath
 
 BN_MODES = ("eval", "train")
 
@@ -41,12 +52,25 @@ def frozen(model: nn.Module, *, train: bool | None = None) -> Iterator[nn.Module
 
 def log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     """log p~(x) (``y`` is None) or log p~(x, y), per example (N,)."""
-    logits = model(x)
+    return _log_p(model, x, y, None)
+
+
+def _log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, autocast_dtype: torch.dtype | None) -> torch.Tensor:
+    """:func:`log_p` with the network optionally under autocast; the reduction is always fp32."""
+    with _autocast(x, autocast_dtype):
+        if y is not None and hasattr(model, "log_pxy"):  # an EnergyModel: lets conditional nets skip other classes
+            return to_fp32(model.log_pxy(x, y))
+        logits = model(x)
+    logits = to_fp32(logits)
     if logits.dim() != 2:
         logits = logits.reshape(logits.shape[0], -1)
     if y is None:
         return logits.logsumexp(dim=1)
     return logits.gather(1, y.view(-1, 1)).squeeze(1)
+
+
+def _autocast(x: torch.Tensor, dtype: torch.dtype | None):
+    return contextlib.nullcontext() if dtype is None else torch.autocast(x.device.type, dtype=dtype)
 
 
 def input_grad(
@@ -58,10 +82,17 @@ def input_grad(
     building graph nodes for the parameters. Examples are independent (eval-mode networks have no
     cross-example terms), so the gradient of the sum is each example's own gradient.
     """
+    return _input_grad(model, x, y, create_graph, None)
+
+
+def _input_grad(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, create_graph: bool, autocast_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     if not x.requires_grad:
         x = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        value = log_p(model, x, y)
+        value = _log_p(model, x, y, autocast_dtype)
+        # Only x is requested: autograd prunes every parameter branch, and no graph outlives the call.
         (grad,) = torch.autograd.grad(value.sum(), x, create_graph=create_graph)
     return value, grad
 
@@ -107,6 +138,7 @@ class SGLD:
         create_graph: bool = False,
         generator: torch.Generator | None = None,
         return_trace: bool = False,
+        fastpath: "FastPath | None" = None,
     ):
         """Run the chains from ``x0``; returns the samples (and, with ``return_trace``, the mean
         log p~ before each step and after the last, a tensor of length steps + 1).
@@ -114,28 +146,44 @@ class SGLD:
         ``create_graph=True`` keeps the graph through the steps w.r.t. the *input* (never the
         parameters), so an attacker can differentiate through the refinement.
         The trace stays on the device: no host synchronisation inside the loop.
+        ``fastpath`` (a :class:`jemeval.fastpath.FastPath`) runs the network under bf16 autocast
+        and/or on channels_last chains; the chains, the update and the trace stay fp32. Without it
+        (the default) every step is plain fp32, as before.
         """
         n_steps = self.steps if steps is None else int(steps)
+        dtype = fastpath.autocast_dtype if fastpath is not None else None
         trace = []
         with frozen(model, train=(self.bn_mode == "train")):
             x = x0 if create_graph else x0.detach()
+            if fastpath is not None and fastpath.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
             for _ in range(n_steps):
-                if not create_graph:
-                    x = x.detach()
-                value, grad = input_grad(model, x, y, create_graph=create_graph)
+                value, grad = _input_grad(model, x, y, create_graph, dtype)
                 if return_trace:
                     trace.append(value.detach().mean())
-                noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-                x = x + self.step_size * grad + self.noise * noise
-                if self.clamp is not None:
-                    x = x.clamp(*self.clamp)
+                x = self._update(x, grad, generator, create_graph)
             if return_trace:
                 with torch.no_grad():
-                    trace.append(log_p(model, x.detach(), y).mean())
+                    trace.append(_log_p(model, x.detach(), y, dtype).mean())
         out = x if create_graph else x.detach()
         if return_trace:
             return out, (torch.stack(trace) if trace else torch.zeros(0))
         return out
+
+    def _update(self, x: torch.Tensor, grad: torch.Tensor, generator: torch.Generator | None,
+                create_graph: bool) -> torch.Tensor:
+        """x + step_size * grad + noise * N(0, I) (then the optional clamp), as a fresh tensor.
+
+        Without ``create_graph`` the update is two fused kernels on a new tensor (``add`` with
+        ``alpha``, then an in-place ``add_``) and never touches ``x0`` or the replay buffer. The
+        noise is drawn even when ``noise == 0`` so the generator's stream does not depend on it.
+        """
+        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        if create_graph:
+            x = x + self.step_size * grad + self.noise * noise
+            return x.clamp(*self.clamp) if self.clamp is not None else x
+        x = torch.add(x.detach(), grad, alpha=self.step_size).add_(noise, alpha=self.noise)
+        return x.clamp_(*self.clamp) if self.clamp is not None else x
 
 
 def uniform_like_shape(n: int, shape: Sequence[int], *, device=None, generator=None) -> torch.Tensor:

@@ -43,7 +43,7 @@ class ScoreFn:
         """The logits-only form of the score, if it has one (then no extra forward pass)."""
         return getattr(self.fn, "from_logits", None)
 
-    def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
         if self.from_logits is not None:
             return self.from_logits(logits, **self.options)
         return self.fn(model, x, **self.options)
@@ -122,22 +122,25 @@ def run_batches(
     if sigma < 0:
         raise UsageError(f"--sigma must be >= 0, got {sigma}")
     if batch_size <= 0:
-        raise UsageError(f"batch size must be positive, got {batch_size}")
+        raise UsageError(f"--batch-size must be positive, got {batch_size}")
     device = torch.device(device) if device is not None else _model_device(model)
     generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
     logits_parts: list[torch.Tensor] = []
     label_parts: list[torch.Tensor] = []
     score_parts: dict[str, list[torch.Tensor]] = {s.label: [] for s in scores}
-    n_total = len(dataset)
-    bar = _progress(n_total, desc, progress)
+    # a forward pass only when something reads the logits (gradient scores do their own)
+    need_logits = keep_logits or any(s.from_logits is not None for s in scores)
+    logits = None
+    bar = _progress(len(dataset), desc, progress)
     try:
         with frozen(model, train=False):
             for x, y in iterate_batches(dataset, batch_size, device):
                 x = x.float()
                 if generator is not None:
                     x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
-                with torch.no_grad():
-                    logits = logits_of(model, x).float()
+                if need_logits:
+                    with torch.no_grad():
+                        logits = logits_of(model, x).float()
                 n = x.shape[0]
                 for s in scores:
                     score_parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits), n))
@@ -151,7 +154,7 @@ def run_batches(
             bar.close()
     if not label_parts:
         raise UsageError(f"dataset {getattr(dataset, 'spec', None) or ''} has no examples; choose a non-empty dataset or class subset")
-    out_scores = {label: torch.cat(parts).cpu().numpy().astype(np.float64) for label, parts in score_parts.items()}
+    out_scores = {label: _to_numpy64(torch.cat(parts)) for label, parts in score_parts.items()}
     for label, values in out_scores.items():
         bad = ~np.isfinite(values)
         if bad.any():
@@ -165,6 +168,13 @@ def run_batches(
         scores=out_scores,
         settings={"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)},
     )
+
+
+def _to_numpy64(values: torch.Tensor) -> np.ndarray:
+    """float64 numpy (half/bfloat16 scores widened first: numpy has no bfloat16)."""
+    if not values.is_floating_point() or values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()
+    return values.cpu().numpy().astype(np.float64)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -212,3 +222,14 @@ def check_input_shape(model, dataset: Dataset, name: str) -> None:
             f"dataset {name!r} has images of shape {tuple(got)} but the model takes {expected}; "
             "choose a dataset of the model's input shape"
         )
+
+
+def training_dataset(model, *, option: str = "--data") -> str:
+    """The dataset the model was trained on (checkpoint metadata), or an error naming ``option``."""
+    name = (getattr(model, "metadata", None) or {}).get("dataset")
+    if not name:
+        raise UsageError(
+            f"the checkpoint does not record its training dataset; name the dataset with {option} DATASET "
+            f"(e.g. {option} cifar10)"
+        )
+    return str(name)

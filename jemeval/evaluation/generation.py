@@ -91,10 +91,11 @@ class Samples:
         from ..plots.grids import save_image_grid
 
         x, labels, captions = grid_rows(self, per_row)
+        per_row = len(captions) // max(len(labels), 1)
         s = self.settings
         sgld = s["sgld"]
         kind = "class-conditional, rows = target class" if self.conditional else "unconditional, rows = predicted class"
-        title = (f"JEM samples ({kind}); init {s['init']}, {sgld['steps']} SGLD steps, "
+        title = (f"SGLD samples ({kind}); init {s['init']}, {sgld['steps']} SGLD steps, "
                  f"step {sgld['step_size']:g}, noise {sgld['noise']:g}"
                  + (f", top {s['top_confident']:g}% confident" if s["top_confident"] else ""))
         return save_image_grid(x, path, nrow=per_row, row_labels=labels, title=title, captions=captions)
@@ -107,6 +108,7 @@ def grid_rows(samples: Samples, per_row: int) -> tuple[torch.Tensor, list[str], 
     prefix = "y=" if samples.conditional else "pred "
     blank = torch.full_like(samples.x[:1], float("nan"))
     rows, labels, captions = [], [], []
+    per_row = max(1, min(per_row, int(torch.bincount(group - group.min()).max()) if len(group) else 1))
     for c in torch.unique(group).tolist():
         idx = torch.nonzero(group == c).flatten()[:per_row]
         pad = per_row - len(idx)
@@ -375,7 +377,9 @@ def sample(
         "top_confident": top_confident,
         "top_confident_rule": "per predicted class, ceil(P% of its samples), by max softmax" if top_confident else None,
         "n_generated": n_generated, "n_kept": len(x), "batch_size": batch_size,
-        "seed": seed, "seed_use": "init draws: CPU generator(seed); SGLD noise: device generator(seed)",
+        "seed": seed,
+        "seed_use": "init draws: CPU generator(seed); SGLD noise: device generator(seed), drawn batch by batch "
+                    "(the same seed and batch_size give the same samples)",
     }
     records = summarise(parts, targets_out, cls, model.num_classes)
     trace_list = [float(v) for v in trace]

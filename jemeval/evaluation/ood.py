@@ -26,11 +26,12 @@ from ..data import load_dataset, subsample
 from ..errors import UsageError
 from ..registry import parse_spec
 from ..results import Result
-from .batching import DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, resolve_scores, run_batches
+from .batching import (
+    DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, resolve_scores, run_batches, training_dataset,
+)
 from .metric_functions import registered_metrics
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
-SYNTHETIC_NEEDS_N = ("uniform", "constant", "gaussian")
 METRIC_NOTE = (
     "AUROC and AUPR-In treat in-distribution as positive; AUPR-Out treats OOD as positive with negated "
     "scores; FPR95 is the fraction of OOD inputs accepted at the threshold keeping 95% of in-distribution "
@@ -89,17 +90,6 @@ class OODScores:
             )
 
 
-def default_id_dataset(model) -> str:
-    """The model's training dataset (checkpoint metadata), or a clear error asking for --id."""
-    name = (getattr(model, "metadata", None) or {}).get("dataset")
-    if not name:
-        raise UsageError(
-            "the checkpoint does not record its training dataset; name the in-distribution set with "
-            "--id DATASET (e.g. --id cifar10)"
-        )
-    return str(name)
-
-
 def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
     """(label, spec to load, extra options): a bare ``interp`` means interp of the ID dataset."""
     spec = parse_spec(name)
@@ -138,8 +128,8 @@ def compute_ood_scores(
     score_fns = resolve_scores(list(scores))
     if not score_fns:
         raise UsageError("give at least one score, e.g. --score logpx,maxprob")
-    id_name = id or default_id_dataset(model)
-    id_ds = subsample(load_dataset(id_name, split, data_root, download), n, seed)
+    id_name = id or training_dataset(model, option="--id")
+    id_ds = subsample(load_dataset(id_name, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, id_ds, id_name)
 
     loaded = []
@@ -185,6 +175,20 @@ def bootstrap_interval(metric, id_scores: np.ndarray, ood_scores: np.ndarray, *,
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1.0 - alpha))
 
 
+def resolve_metrics(metrics: Sequence[str] | None = None) -> list[tuple[str, Any]]:
+    """(name, metric) for the OOD metrics named (default: every registered one), checked early."""
+    available = registered_metrics("ood")
+    if metrics is None:
+        return available
+    by_name = dict(available)
+    for m in metrics:
+        if m not in by_name:
+            from ..errors import did_you_mean
+
+            raise UsageError(f"unknown OOD metric {m!r}{did_you_mean(m, by_name)}; known: {', '.join(by_name)}")
+    return [(m, by_name[m]) for m in metrics]
+
+
 def ood_records(
     scores: OODScores,
     *,
@@ -192,24 +196,24 @@ def ood_records(
     bootstrap: int = 0,
     level: float = 0.95,
     seed: int = 0,
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """One record per (score, OOD set) with every registered OOD metric (or the ``metrics`` named)."""
-    available = registered_metrics("ood")
-    if metrics is not None:
-        by_name = dict(available)
-        unknown = [m for m in metrics if m not in by_name]
-        if unknown:
-            from ..errors import did_you_mean
-
-            raise UsageError(f"unknown OOD metric {unknown[0]!r}{did_you_mean(unknown[0], by_name)}; "
-                             f"known: {', '.join(by_name)}")
-        available = [(m, by_name[m]) for m in metrics]
+    available = resolve_metrics(metrics)
     if bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {bootstrap}")
     if not 0 < level < 1:
         raise UsageError(f"the confidence level must lie in (0, 1), got {level}")
     rng = np.random.default_rng(seed)
     records = []
+    bar = None
+    if bootstrap:
+        import sys
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(scores.score_names) * len(scores.ood_scores), desc=f"bootstrap x{bootstrap}",
+                   file=sys.stderr, disable=None if progress is None else not progress, leave=False)
     for s in scores.score_names:
         id_values = scores.id_scores[s]
         for ood_name, per_score in scores.ood_scores.items():
@@ -223,7 +227,10 @@ def ood_records(
                 for name, fn in available:
                     lo, hi = bootstrap_interval(fn, id_values, ood_values, n_boot=bootstrap, level=level, rng=rng)
                     record[f"{name}_lo"], record[f"{name}_hi"] = lo, hi
+                bar.update(1)
             records.append(record)
+    if bar is not None:
+        bar.close()
     return records
 
 
@@ -259,11 +266,15 @@ def evaluate_ood(
     from ..provenance import provenance
 
     model = prepare_model(model, device)
+    resolve_metrics(metrics)  # fail on a misspelt metric before the (long) score computation
+    if bootstrap < 0 or not 0 < level < 1:
+        raise UsageError(f"--bootstrap must be >= 0 and --level in (0, 1), got {bootstrap} and {level}")
     ood_scores, settings = compute_ood_scores(
         model, ood, id=id, scores=scores, split=split, n=n, sigma=sigma, seed=seed, batch_size=batch_size,
         device=device, data_root=data_root, download=download, progress=progress,
     )
-    records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=seed)
+    records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=seed,
+                          progress=progress)
     settings.update({"metrics": [k for k in records[0] if k not in ("score", "id", "ood", "n_id", "n_ood")
                                  and not k.endswith(("_lo", "_hi"))],
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})

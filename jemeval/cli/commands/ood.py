@@ -17,7 +17,8 @@ COLUMNS = None  # every record key, plugin metrics and CI columns included
               help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "
                    "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...")
 @click.option("--id", "id_name", default=None,
-              help="In-distribution dataset (test split). Default: the model's training dataset.")
+              help="In-distribution dataset. Default: the model's training dataset.")
+@click.option("--split", default="test", show_default=True, help="Split of the ID and OOD datasets.")
 @click.option("--score", "score", default="logpx,maxprob,gradnorm", show_default=True,
               help="Comma-separated scores, with options as 'energy:T=2'. See 'jemeval list scores'.")
 @click.option("--metric", "metric", default=None,
@@ -38,7 +39,7 @@ COLUMNS = None  # every record key, plugin metrics and CI columns included
 @device_option
 @data_options
 @output_options
-def cli(model_path, ood, id_name, score, metric, n, sigma, bootstrap, level, batch_size, save_scores, plot, seed,
+def cli(model_path, ood, id_name, split, score, metric, n, sigma, bootstrap, level, batch_size, save_scores, plot, seed,
         device, data_root, download, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
@@ -56,7 +57,7 @@ def cli(model_path, ood, id_name, score, metric, n, sigma, bootstrap, level, bat
     check_output_path(save_scores, ".npz", "--save-scores")
     check_output_path(plot, ".png", "--plot")
     result = evaluate_ood(
-        model_path, split_list(ood, "--ood"), id=id_name, scores=split_list(score, "--score"),
+        model_path, split_list(ood, "--ood"), id=id_name, split=split, scores=split_list(score, "--score"),
         metrics=split_list(metric, "--metric") if metric else None, n=n, sigma=sigma, seed=seed,
         bootstrap=bootstrap, level=level, batch_size=batch_size, device=resolve_device(device),
         data_root=data_root, download=download, save_scores=save_scores, plot=plot,

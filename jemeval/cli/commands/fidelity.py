@@ -1,0 +1,63 @@
+"""``jemeval fidelity``: IS / FID / KID (torch-fidelity, local Inception weights) and a Frechet
+distance in any checkpoint's feature space, on samples generated now or saved by
+``jemeval sample --save``. The logic lives in :mod:`jemeval.evaluation.fidelity`."""
+from __future__ import annotations
+
+import click
+
+from ..options import device_option, emit, output_options, resolve_device, seed_option
+from .sample import sample_from_options, sampling_options
+
+
+@click.command("fidelity")
+@click.option("--model", "model_path", type=click.Path(), default=None,
+              help="Generate the samples from this checkpoint (see the sampling options).")
+@click.option("--samples", "samples_path", type=click.Path(dir_okay=False), default=None,
+              help="Score samples saved by `jemeval sample --save FILE.npz` instead of generating.")
+@click.option("--ref", "reference", default=None, help="Reference dataset [default: the model's dataset].")
+@click.option("--ref-split", default="train", show_default=True, help="Split of the reference dataset.")
+@click.option("--ref-n", type=int, default=None, help="Use a seeded random subset of N reference images.")
+@click.option("--features", "features", multiple=True, type=click.Path(),
+              help="A jemeval checkpoint whose penultimate features measure a Frechet distance 'fd' (offline, "
+                   "any image size); repeat for several.")
+@click.option("--inception-weights", type=click.Path(), envvar="JEMEVAL_INCEPTION_WEIGHTS", default=None,
+              help="torch-fidelity's InceptionV3 weights file (weights-inception-2015-12-05-6726825d.pth) for "
+                   "IS/FID/KID; never downloaded [env: JEMEVAL_INCEPTION_WEIGHTS].")
+@click.option("--metrics", default=None,
+              help="Comma-separated subset of is,fid,kid,fd [default: is,fid,kid, plus fd with --features; "
+                   "only fd when --features is given without Inception weights].")
+@click.option("--kid-subset-size", type=int, default=1000, show_default=True, help="KID subset size (capped at the sample counts).")
+@sampling_options
+@output_options
+@device_option
+@seed_option(0)
+def cli(model_path, samples_path, reference, ref_split, ref_n, features, inception_weights, metrics, kid_subset_size,
+        as_json, csv_path, as_markdown, out_path, device, seed, **sampling):
+    """Score samples: IS, FID, KID (Inception) and Frechet distances in a model's feature space.
+
+    \b
+    Examples:
+      jemeval fidelity --model runs/digits/best.pt --features runs/clf/best.pt --top-confident 10
+      jemeval fidelity --samples samples.npz --ref cifar10 --inception-weights weights-inception-2015-12-05-6726825d.pth
+    """
+    from ...errors import UsageError
+    from ...evaluation.fidelity import fidelity
+
+    if (model_path is None) == (samples_path is None):
+        raise UsageError("give exactly one of --model CHECKPOINT (generate samples now) or --samples FILE.npz")
+    dev = resolve_device(device)
+    if model_path is not None:
+        # fail on a missing weights file or bad metric list before spending time sampling
+        from ...evaluation.fidelity import INCEPTION_METRICS, check_inception_weights, resolve_metrics
+
+        chosen, _ = resolve_metrics(metrics, have_features=bool(features), have_weights=bool(inception_weights))
+        if set(chosen) & set(INCEPTION_METRICS):
+            check_inception_weights(inception_weights)
+        samples = sample_from_options(model_path, device, seed, **sampling)
+    else:
+        samples = samples_path
+    result = fidelity(samples, reference, features=list(features) or None, inception_weights=inception_weights,
+                      metrics=metrics, ref_split=ref_split, ref_n=ref_n, data_root=sampling.get("data_root"),
+                      batch_size=sampling["batch_size"], device=dev, seed=seed, kid_subset_size=kid_subset_size)
+    emit(result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path,
+         columns=["metric", "value", "std", "features", "n_samples", "n_ref"])

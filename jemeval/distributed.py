@@ -1,0 +1,237 @@
+"""Utilities for data-parallel JEM training under ``torchrun`` (gloo on CPU, nccl on CUDA).
+
+What a trainer needs and nothing more: read the launcher's environment into a :class:`DistContext`
+(with one-line :class:`~jemeval.errors.JemevalError` messages for setups that cannot work),
+deterministic per-rank shards of the training set, independent per-rank RNG streams for SGLD,
+averaging of metrics, and "only rank 0 writes files" helpers.
+
+Design notes for JEM:
+
+* The global batch is split evenly (``per_rank_batch``) so that a 2-process run with B/2 per rank
+  gives the same averaged gradient as 1 process with batch B (tests/test_distributed.py checks it).
+* Each rank keeps its own replay buffer and SGLD generator (:func:`rank_generator`): chains are
+  independent across ranks, and a rank's stream does not depend on the world size's other ranks.
+* Sample with the *unwrapped* module (``ctx.unwrap(model)``): SGLD needs only input gradients, and
+  going through DistributedDataParallel's forward would arm its gradient reducer for a backward
+  that never reduces parameter gradients.
+* Resuming with a different world size changes the sharding, the RNG streams and the per-rank
+  buffers, so it is refused unless explicitly allowed (:meth:`DistContext.check_resume`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import JemevalError
+from .fastpath import unwrap
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands: rank, world size, backend and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def per_rank_batch(self, global_batch: int) -> int:
+        """The batch each rank processes; the global batch must split evenly."""
+        if global_batch % self.world_size:
+            raise JemevalError(
+                f"batch size {global_batch} is not divisible by the world size {self.world_size}: "
+                f"choose a multiple of {self.world_size} (e.g. {global_batch - global_batch % self.world_size or self.world_size})"
+            )
+        return global_batch // self.world_size
+
+    def check_resume(self, saved_world_size: int | None, *, allow_change: bool = False) -> None:
+        """Refuse to resume a run written by a different number of processes (unless allowed)."""
+        if saved_world_size is None or int(saved_world_size) == self.world_size or allow_change:
+            return
+        raise JemevalError(
+            f"the checkpoint was written by {saved_world_size} process(es) but this run has {self.world_size}: "
+            f"resume with --nproc-per-node {saved_world_size} (data shards, RNG streams and replay buffers are per rank)"
+        )
+
+    def wrap(self, model: nn.Module, **ddp_options) -> nn.Module:
+        """DistributedDataParallel around ``model`` when distributed, else ``model`` itself."""
+        if not self.distributed:
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_options)
+
+    unwrap = staticmethod(unwrap)
+
+    def state(self) -> dict:
+        """Plain data for checkpoints (``world_size`` is what :meth:`check_resume` compares)."""
+        return {"world_size": self.world_size, "backend": self.backend}
+
+
+def _env_int(env: Mapping[str, str], key: str) -> int | None:
+    value = env.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise JemevalError(f"environment variable {key}={value!r} is not an integer") from None
+
+
+def init_from_env(
+    *,
+    backend: str | None = None,
+    batch_size: int | None = None,
+    resume_world_size: int | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 600.0,
+) -> DistContext:
+    """Read RANK / WORLD_SIZE / LOCAL_RANK (as torchrun sets them) and join the process group.
+
+    Without those variables (or with WORLD_SIZE=1) this is a single-process context and nothing
+    is initialised. ``backend`` defaults to nccl when CUDA is available, else gloo; on CUDA each
+    process uses ``cuda:LOCAL_RANK``. ``batch_size`` (the global batch) and ``resume_world_size``
+    are checked here so that a bad setup fails before any work, on every rank, with one line.
+    """
+    env = os.environ if env is None else env
+    rank, world, local = (_env_int(env, k) for k in ENV_KEYS)
+    if world is None and rank is None:
+        ctx = DistContext()
+    else:
+        if world is None or rank is None:
+            raise JemevalError("set both RANK and WORLD_SIZE (torchrun does), or neither for a single process")
+        if world < 1 or not 0 <= rank < world:
+            raise JemevalError(f"inconsistent launch: RANK={rank} must be in [0, WORLD_SIZE={world})")
+        local = rank if local is None else local
+        if local < 0 or local > rank:
+            raise JemevalError(f"inconsistent launch: LOCAL_RANK={local} with RANK={rank}")
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            if not torch.cuda.is_available() or local >= torch.cuda.device_count():
+                have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                raise JemevalError(f"backend nccl needs a CUDA device per process: LOCAL_RANK={local} but {have} GPU(s) visible; "
+                                   "use the gloo backend on CPU")
+            device = torch.device("cuda", local)
+            torch.cuda.set_device(device)
+        elif backend == "gloo":
+            device = torch.device("cpu")
+        else:
+            raise JemevalError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (CUDA)")
+        if world > 1 and not dist.is_initialized():
+            for key in ("MASTER_ADDR", "MASTER_PORT"):
+                if key not in env:
+                    raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
+            address = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"  # from ``env``, which may not be os.environ
+            dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        ctx = DistContext(rank=rank, world_size=world, local_rank=local,
+                          backend=backend if world > 1 else None, device=device)
+    if batch_size is not None:
+        ctx.per_rank_batch(batch_size)
+    ctx.check_resume(resume_world_size)
+    return ctx
+
+
+def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, *, shuffle: bool = True,
+                  drop_last: bool = False) -> torch.Tensor:
+    """This rank's dataset indices for ``epoch``: the same permutation on every rank, dealt out.
+
+    The permutation depends only on (seed, epoch), so every rank computes it without talking to
+    the others; rank r takes positions r, r + W, r + 2W, ... Every rank gets the same count:
+    the tail is padded with the permutation's first indices (or dropped with ``drop_last``), as
+    ``DistributedSampler`` does. With world_size 1 the shard is the whole permutation.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise JemevalError(f"rank {rank} is not in [0, world size {world_size})")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if shuffle:
+        g = torch.Generator().manual_seed(_mix(seed, epoch))
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    if drop_last:
+        order = order[: n - n % world_size]
+    elif n % world_size and n > 0:
+        pad = world_size - n % world_size
+        order = torch.cat([order, order.repeat(pad // n + 1)[:pad]])
+    return order[rank::world_size]
+
+
+def rank_generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator for this rank's SGLD noise and buffer draws, independent of other ranks'."""
+    return torch.Generator(device=device).manual_seed(_mix(seed, rank, salt=0x5EED))
+
+
+def _mix(*values: int, salt: int = 0x9E3779B97F4A7C15) -> int:
+    """A 63-bit seed from small integers (splitmix64-style), so nearby inputs give unrelated streams."""
+    h = salt & 0xFFFFFFFFFFFFFFFF
+    for v in values:
+        h = (h ^ (int(v) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+        h = h * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Average ``tensor`` over ranks in place and return it (unchanged in a single process).
+
+    Use it for logged metrics, not for gradients (DistributedDataParallel averages those). It is a
+    collective: every rank must call it, and reading the result on the host synchronises.
+    """
+    if _active():
+        if tensor.is_floating_point():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor.div_(dist.get_world_size())
+        else:
+            raise TypeError(f"all_reduce_mean needs a floating-point tensor, got {tensor.dtype}")
+    return tensor
+
+
+def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (same shape on every rank), e.g. the
+    per-rank replay buffers for a checkpoint. A collective; a copy in a single process."""
+    if not _active():
+        return tensor.clone()
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def is_main() -> bool:
+    """True on rank 0 (and in a single process): the rank that logs and writes files."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in a single process), e.g. after rank 0 wrote a checkpoint."""
+    if _active():
+        dist.barrier()
+
+
+def destroy() -> None:
+    """Leave the process group (safe to call when none was joined)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""Calibration: do a model's confidences match its accuracy? (JEM paper section 5.2)
+
+``calibrate(model)`` computes the logits of the evaluation set once (the shared batch loop), turns
+them into float64 probabilities and reports ECE, MCE, RMS calibration error, Brier score, NLL and
+accuracy, plus the per-bin reliability table (bin conventions in
+:mod:`jemeval.evaluation.metric_functions`: equal-width bins, interval (lo, hi], confidence 0 in
+the first bin, 1.0 in the last; empty bins have no confidence/accuracy, they are not "perfectly
+calibrated").
+
+With ``temperature_scaling`` a single temperature T is fitted (LBFGS on the NLL of log T, so T
+stays positive) on a seeded validation subset of the *train* split and the calibrated numbers are
+reported beside the raw ones: logits / T leave the predictions, hence the accuracy, unchanged.
+A checkpoint written by ``jemeval train`` records its held-out validation split, which is then
+used; otherwise a random train subset is used and the result carries a note saying so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data import ArrayDataset, load_dataset, subsample, to_arrays
+from ..errors import UsageError
+from ..registry import call_with_supported
+from ..results import Result
+from .batching import DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, run_batches, training_dataset
+from .metric_functions import DEFAULT_BINS, registered_metrics, reliability_bins
+
+SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")
+DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20% of the train split)
+
+
+def softmax64(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Softmax in float64 (so confidences near 1 keep their resolution)."""
+    z = np.asarray(logits, dtype=np.float64) / float(temperature)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int) -> list[dict[str, Any]]:
+    """The reliability table as records: lower, upper, count, confidence, accuracy (None when empty)."""
+    table = reliability_bins(probs, labels, bins)
+    rows = []
+    for i in range(int(bins)):
+        count = int(table["count"][i])
+        rows.append({
+            "lower": float(table["lower"][i]), "upper": float(table["upper"][i]), "count": count,
+            "confidence": float(table["confidence"][i]) if count else None,
+            "accuracy": float(table["accuracy"][i]) if count else None,
+        })
+    return rows
+
+
+def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAULT_BINS) -> dict[str, Any]:
+    """Every registered calibration metric (built-ins: ece, mce, rms, brier, nll) plus accuracy,
+    n and the per-bin table. Metrics that accept ``bins`` get it."""
+    labels = np.asarray(labels).reshape(-1)
+    if len(labels) == 0:
+        raise UsageError("no examples to calibrate on")
+    if (labels < 0).any():
+        raise UsageError("calibration needs a labelled dataset (this one has unlabelled examples, y = -1)")
+    if labels.max() >= probs.shape[1]:
+        raise UsageError(f"the dataset has label {int(labels.max())} but the model has only {probs.shape[1]} classes")
+    record: dict[str, Any] = {}
+    for name, fn in registered_metrics("calibration"):
+        record[name] = float(call_with_supported(fn, probs, labels, context={"bins": int(bins)}))
+    record["accuracy"] = float(np.mean(probs.argmax(axis=1) == labels))
+    record["n"] = int(len(labels))
+    record["bins"] = bins_table(probs, labels, bins)
+    return record
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, *, max_iter: int = 200) -> float:
+    """The temperature T > 0 minimising the NLL of softmax(logits / T) (LBFGS on log T, float64)."""
+    z = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.detach().exp())
+
+
+def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
+    """The train-split indices ``jemeval train`` held out for validation, if the checkpoint's
+    config describes them (``val_size`` and ``split_seed``) and ``data`` is its training set."""
+    config = (getattr(model, "metadata", None) or {}).get("config") or {}
+    if not isinstance(config, dict) or "split_seed" not in config or config.get("dataset") != data:
+        return None
+    try:
+        from ..training.splits import default_val_size, split_indices
+    except ImportError:  # pragma: no cover - the trainer is part of jemeval
+        return None
+    val_size = config.get("val_size")
+    val_size = default_val_size(n_train) if val_size is None else int(val_size)
+    if val_size <= 0 or val_size >= n_train:
+        return None
+    return split_indices(n_train, val_size, int(config["split_seed"]))[1]
+
+
+def validation_subset(model, *, data: str, val_size: int, seed: int, data_root=None, download=False):
+    """Images for fitting T and what they are (for provenance): the split the trainer held out
+    when the checkpoint records one, else a seeded random subset of the train split."""
+    train = load_dataset(data, "train", data_root, download)
+    if int(val_size) <= 0:
+        raise UsageError(f"--val-size must be positive, got {val_size}")
+    held_out = held_out_indices(model, data, len(train))
+    if held_out is not None:
+        x, y = to_arrays(train)
+        ds = ArrayDataset(x[held_out], y[held_out], num_classes=getattr(train, "num_classes", None), name=data)
+        info = {"source": f"{data} train images held out from training (checkpoint val_size / split_seed)",
+                "n": len(ds)}
+        return ds, info, True
+    ds = subsample(train, min(int(val_size), max(1, len(train) // 5)), seed)
+    info = {"source": f"seeded random subset of {data} train", "n": len(ds), "seed": int(seed)}
+    return ds, info, False
+
+
+def calibrate(
+    model,
+    data: str | None = None,
+    *,
+    split: str = "test",
+    bins: int = DEFAULT_BINS,
+    n: int | None = None,
+    sigma: float = 0.0,
+    seed: int = 0,
+    temperature_scaling: bool = False,
+    val_size: int = DEFAULT_VAL_SIZE,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | torch.device | None = None,
+    data_root: str | Path | None = None,
+    download: bool = False,
+    plot: str | Path | None = None,
+    progress: bool | None = None,
+) -> Result:
+    """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
+    training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
+    one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll, accuracy, n, bins."""
+    from ..provenance import provenance
+    if int(bins) < 1:
+        raise UsageError(f"--bins must be >= 1, got {bins}")
+    model = prepare_model(model, device)
+    data = data or training_dataset(model, option="--data")
+    ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
+    check_input_shape(model, ds, data)
+    out = run_batches(model, ds, sigma=sigma, seed=seed, batch_size=batch_size, progress=progress,
+                      desc=f"calibrate {data}")
+    raw = {"calibration": "none", "temperature": 1.0, **calibration_record(softmax64(out.logits), out.labels, bins)}
+    records = [raw]
+    notes: list[str] = []
+    settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(sigma),
+                                "seed": int(seed), "noise_seed": out.settings["noise_seed"], "batch_size": int(batch_size),
+                                "temperature_scaling": bool(temperature_scaling),
+                                "dataset_info": getattr(ds, "info", None)}
+    if temperature_scaling:
+        val_ds, val_info, held_out = validation_subset(model, data=data, val_size=val_size, seed=seed,
+                                                       data_root=data_root, download=download)
+        val = run_batches(model, val_ds, sigma=sigma, seed=seed + 1, batch_size=batch_size, progress=progress,
+                          desc="validation")
+        if (val.labels < 0).any():
+            raise UsageError(f"temperature scaling needs labels, and {data!r} train has unlabelled examples")
+        temperature = fit_temperature(val.logits, val.labels)
+        scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins)
+        records.append({"calibration": "temperature", "temperature": temperature, **scaled})
+        settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"], "optimizer": "LBFGS on log T"}
+        if not held_out:
+            notes.append(
+                f"T was fitted on {len(val_ds)} random train-split images; if the model was trained on them, "
+                "T is fitted to over-confident training predictions (a held-out split gives a fairer T)"
+            )
+    records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
+               for r in records]
+    prov = provenance(command="calibrate", model=model, device=model.device, seed=seed, settings=settings)
+    result = Result(records, prov, notes=notes)
+    if plot is not None:
+        from ..plots.calibration import plot_reliability
+
+        plot_reliability(records, plot, title=f"{data} ({split}, n={raw['n']})")
+    return result

@@ -1,0 +1,71 @@
+"""Reliability diagrams: accuracy against confidence per bin, with the ECE printed on the figure.
+
+One column per calibration record (raw, and temperature-scaled when fitted). The top panel draws
+each non-empty bin's accuracy as a bar with its gap to the diagonal shaded; **empty bins are
+hatched grey and labelled, never drawn as if perfectly calibrated**. The bottom panel shows how
+many examples fall in each bin (log scale), since a large gap in a bin of three examples means
+little.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import pyplot, save_figure
+
+
+def plot_reliability(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Write a reliability diagram for calibration records (each with ``bins`` and ``ece``) to ``path``."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    cols = len(records)
+    fig, axes = plt.subplots(2, cols, figsize=(4.6 * cols, 5.6), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
+    for j, record in enumerate(records):
+        ax, ax_n = axes[0, j], axes[1, j]
+        bins = record["bins"]
+        width = bins[0]["upper"] - bins[0]["lower"]
+        for b in bins:
+            left, centre = b["lower"], (b["lower"] + b["upper"]) / 2
+            if not b["count"]:
+                ax.axvspan(left, b["upper"], facecolor="0.93", edgecolor="0.7", hatch="///", linewidth=0)
+                ax_n.text(centre, 0.5, "\u2205", transform=ax_n.get_xaxis_transform(), ha="center", va="center",
+                          fontsize=7, color="0.5")
+                continue
+            acc, conf = b["accuracy"], b["confidence"]
+            ax.bar(centre, acc, width=width, color="tab:blue", edgecolor="white", linewidth=0.6)
+            lo, hi = sorted((acc, conf))
+            ax.bar(centre, hi - lo, bottom=lo, width=width, facecolor="none", edgecolor="tab:red", hatch="\\\\",
+                   linewidth=0.8)
+        ax.plot([0, 1], [0, 1], linestyle="--", color="0.3", linewidth=1)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("accuracy")
+        name = record.get("calibration", "none")
+        t = record.get("temperature")
+        heading = "raw" if name == "none" else f"{name} scaling (T = {t:.3f})" if t is not None else name
+        ax.set_title(heading, fontsize=10)
+        ax.text(0.04, 0.96, f"ECE = {100 * record['ece']:.2f}%\nMCE = {100 * record['mce']:.2f}%\n"
+                            f"accuracy = {100 * record['accuracy']:.1f}%",
+                transform=ax.transAxes, va="top", ha="left", fontsize=9,
+                bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7"})
+        centres = [(b["lower"] + b["upper"]) / 2 for b in bins]
+        ax_n.bar(centres, [b["count"] for b in bins], width=width, color="0.5", edgecolor="white", linewidth=0.6)
+        if any(b["count"] for b in bins):
+            ax_n.set_yscale("log")
+        ax_n.set_xlabel(f"confidence (max softmax), {len(bins)} bins")
+        ax_n.set_ylabel("examples")
+    handles = [
+        Patch(facecolor="tab:blue", label="accuracy of the bin"),
+        Patch(facecolor="none", edgecolor="tab:red", hatch="\\\\", label="gap to the bin's mean confidence"),
+        Patch(facecolor="0.93", edgecolor="0.7", hatch="///", label="empty bin (no examples, no value)"),
+        Line2D([0], [0], linestyle="--", color="0.3", label="perfect calibration"),
+    ]
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=2 if cols == 1 else 4, fontsize=8, frameon=False)
+    save_figure(fig, path)
+    return Path(path)

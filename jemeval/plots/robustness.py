@@ -1,0 +1,53 @@
+"""Robust accuracy vs epsilon: one line per (attack, refinement steps K, gradient mode).
+
+Colour encodes K, line style the gradient mode (full, bpda, eot; dash-dot for gradient-free
+attacks), the marker the attack. For minimisation attacks the robustness-distortion curve derived
+from the per-example minimal perturbations is drawn as a thin step line of the same colour.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import pyplot, save_figure
+
+LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "none": "-."}
+MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}
+
+
+def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
+                    min_perturbations: Sequence[dict[str, Any]] = (), title: str | None = None) -> Path:
+    """Save the accuracy-vs-epsilon figure of ``jemeval robust`` records as a PNG."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ks = sorted({r["refine_steps"] for r in records})
+    colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(ks)}
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["attack"], r["refine_steps"], r["grad_mode"]), []).append(r)
+    for (attack, k, mode), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["epsilon"])
+        label = f"K={k} {attack}" + ("" if mode == "none" else f" ({mode})")
+        ax.plot([r["epsilon"] for r in rows], [r["robust_accuracy"] for r in rows], color=colours[k],
+                linestyle=LINESTYLES.get(mode, "-"), marker=MARKERS.get(attack, "D"), markersize=4, label=label)
+    for mp in min_perturbations:
+        curve = mp.get("curve") or {}
+        if curve.get("epsilon"):
+            ax.step(curve["epsilon"], curve["robust_accuracy"], where="post", color=colours.get(mp["refine_steps"], "gray"),
+                    linewidth=0.8, alpha=0.5)
+    norm = records[0]["norm"] if records else ""
+    n = records[0]["n"] if records else 0
+    ax.set_xlabel(f"epsilon ({norm.upper()}, pixel units in [0, 1])")
+    ax.set_ylabel("robust accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if any((mp.get("curve") or {}).get("epsilon") for mp in min_perturbations):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="gray", linewidth=0.8, alpha=0.6, drawstyle="steps-post"))
+        labels.append("from minimal perturbations")
+    ax.legend(handles, labels, fontsize=7, loc="upper right")
+    ax.set_title(title or f"robust accuracy vs epsilon ({norm}, n={n})", fontsize=9)
+    save_figure(fig, path)
+    return Path(path)

@@ -1,0 +1,45 @@
+"""The built-in JEM trainer (``jemeval train``): Algorithm 1 of Grathwohl et al. (2020), made practical.
+
+    from jemeval.training import train
+    summary = train("digits")                          # per-dataset defaults
+    summary = train("digits", px_weight=0, out="runs/baseline")   # the plain classifier
+    summary = train(TrainConfig(...))                  # everything explicit
+
+Modules, one job each: config (settings and defaults), splits (validation split, labelled subset),
+augment (tensor-level augmentation), objectives (loss terms), step (one iteration), schedule (lr),
+divergence (detection and the recovery ladder), state (RNG state), metrics (metrics.csv),
+visuals (sample grids), evaluate (accuracy), trainer (the loop, checkpoints, resume, signals).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .config import DATASET_DEFAULTS, TrainConfig, dataset_defaults, resolve_config, resume_config
+
+__all__ = ["train", "TrainConfig", "resolve_config", "resume_config", "dataset_defaults", "DATASET_DEFAULTS", "Trainer"]
+
+
+def train(config: TrainConfig | str | None = None, *, on_step: Callable | None = None, **overrides: Any) -> dict:
+    """Train a JEM (or the plain classifier with ``px_weight=0``); returns the run summary.
+
+    ``config`` is a :class:`TrainConfig`, or a dataset spec whose defaults ``overrides`` adjust.
+    The summary holds the paths (best.pt, last.pt, metrics.csv), best/final accuracies, the test
+    accuracy of best.pt, the number of divergence recoveries, timings, the config and provenance.
+    """
+    from .trainer import Trainer
+
+    if config is None:
+        config = resolve_config(overrides.pop("dataset", "digits"), **overrides)
+    elif isinstance(config, str):
+        config = resolve_config(config, **overrides)
+    elif overrides:
+        config = config.replace(**overrides)
+    return Trainer(config, on_step=on_step).run()
+
+
+def __getattr__(name):
+    if name == "Trainer":
+        from .trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'jemeval.training' has no attribute {name!r}")

@@ -1,0 +1,94 @@
+"""The training data: a fixed validation split and the labelled subset for semi-supervised runs.
+
+Both are drawn with ``split_seed`` (default 1234), not the run's ``--seed``, so runs with different
+seeds are compared on the same validation images and the same labelled examples, as in the JEM
+release (its validation split of 5,000 images also used a fixed seed). The whole training set is
+held as one tensor on the training device (when it fits), so batches are index slices: no
+DataLoader, no host-device copies per iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..data import input_shape_of, load_dataset, num_classes_of, to_arrays
+from ..errors import UsageError
+
+#: Training sets larger than this stay in host memory and are copied per batch.
+MAX_DEVICE_BYTES = 4 * 1024**3
+
+
+@dataclass
+class TrainingData:
+    x: torch.Tensor  # training images (validation images removed)
+    y: torch.Tensor  # their labels
+    labelled: torch.Tensor | None  # indices of the labelled images (None: all are labelled)
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_labelled(self) -> int:
+        return len(self.x) if self.labelled is None else len(self.labelled)
+
+    def describe(self) -> dict:
+        return {"n_train": len(self.x), "n_val": len(self.x_val), "n_labelled": self.n_labelled,
+                "num_classes": self.num_classes, "input_shape": list(self.input_shape)}
+
+
+def default_val_size(n: int) -> int:
+    return min(5000, n // 10)
+
+
+def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) index arrays, both sorted; a seeded permutation decides."""
+    if val_size >= n:
+        raise UsageError(f"--val-size {val_size} leaves no training images (the training split has {n}); use a smaller --val-size")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+
+
+def labelled_subset(labels: np.ndarray, per_class: int, num_classes: int, seed: int) -> np.ndarray:
+    """Sorted indices of ``per_class`` randomly chosen examples of every class present."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) == 0:
+            continue
+        if len(idx) < per_class:
+            raise UsageError(f"--labels-per-class {per_class} is more than the {len(idx)} training images of class {c}")
+        chosen.append(rng.choice(idx, size=per_class, replace=False))
+    return np.sort(np.concatenate(chosen))
+
+
+def prepare_data(config, device: torch.device) -> TrainingData:
+    """Load the training split, carve out the validation split and the labelled subset."""
+    ds = load_dataset(config.dataset, "train", root=config.data_root, download=config.download)
+    x, y = to_arrays(ds)
+    if len(x) == 0:
+        raise UsageError(f"dataset {config.dataset!r} has no training images")
+    if (y < 0).all():
+        raise UsageError(f"dataset {config.dataset!r} has no labels; jemeval train needs labelled images")
+    num_classes = num_classes_of(ds)
+    val_size = default_val_size(len(x)) if config.val_size is None else int(config.val_size)
+    tr, va = split_indices(len(x), val_size, config.split_seed)
+    labels = y.numpy()[tr]
+    labelled = None
+    if config.labels_per_class is not None:
+        labelled = torch.from_numpy(labelled_subset(labels, config.labels_per_class, num_classes, config.split_seed + 1))
+    elif (labels < 0).any():
+        raise UsageError(f"dataset {config.dataset!r} has unlabelled training images; pass --labels-per-class K")
+    data_device = device if x.numel() * 4 <= MAX_DEVICE_BYTES else torch.device("cpu")
+    tr_t, va_t = torch.from_numpy(tr), torch.from_numpy(va)
+    info = dict(getattr(ds, "info", {}) or {})
+    return TrainingData(
+        x=x[tr_t].to(data_device), y=y[tr_t].to(data_device),
+        labelled=None if labelled is None else labelled.to(data_device),
+        x_val=x[va_t].to(data_device), y_val=y[va_t].to(data_device),
+        num_classes=num_classes, input_shape=tuple(input_shape_of(ds)), info=info,
+    )

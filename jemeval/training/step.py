@@ -1,0 +1,129 @@
+"""One training iteration: negatives by SGLD, one forward pass, the loss, one optimizer step.
+
+Kept apart from the epoch loop so that the benchmark (benchmarks/train_step.py) times exactly what
+training runs. Nothing here synchronises with the host: the returned statistics are device tensors.
+
+Speed notes
+* Data and negatives go through the network in ONE forward pass (concatenated) when the math
+  allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them).
+* SGLD is the shared :class:`jemeval.sampling.SGLD`: parameters frozen while sampling, so no
+  parameter graph is built and no parameter gradient is computed.
+* The replay buffer, the data and every random draw live on the training device.
+* bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.fastpath.FastPath`
+  (on for CUDA, off on CPU by default); SGLD arithmetic, the buffer and the losses stay fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..fastpath import FastPath, has_batchnorm, to_fp32
+from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
+from .augment import Augment
+from .objectives import Logits, Weights, jem_loss
+
+
+@dataclass
+class StepOptions:
+    sigma: float = 0.0
+    short_run: bool = False
+    class_cond_px: bool = False
+    fastpath: FastPath = field(default_factory=FastPath)
+
+
+class TrainStep:
+    """Callable performing one JEM iteration on a labelled batch (and the p(x) batch)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, sgld: SGLD,
+                 buffer: ReplayBuffer | None, weights: Weights, num_classes: int, input_shape,
+                 augment: Augment, generator: torch.Generator, options: StepOptions,
+                 forward: nn.Module | None = None) -> None:
+        self.model = model
+        self.forward_model = forward if forward is not None else model  # torch.compile'd or the model
+        self.optimizer = optimizer
+        self.sgld = sgld
+        self.buffer = buffer
+        self.weights = weights
+        self.num_classes = int(num_classes)
+        self.input_shape = tuple(input_shape)
+        self.augment = augment
+        self.generator = generator
+        self.options = options
+        self.batchnorm = has_batchnorm(model)
+        self.last_samples: torch.Tensor | None = None  # for the sample grids of short-run chains
+        device = next(model.parameters()).device
+        self.device = device
+        self.fastpath = options.fastpath
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """Augmentation, then the sigma noise (as the release does for every training input)."""
+        if self.augment.active:
+            x = self.augment(x, self.generator)
+        if self.options.sigma > 0:
+            x = x + self.options.sigma * torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+        return x
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fastpath.to_input(x)
+
+    # -- negatives ------------------------------------------------------------------------------
+    def negatives(self, n: int, y: torch.Tensor | None = None) -> torch.Tensor:
+        """``n`` SGLD samples (class-conditional for labels ``y``): persistent or short-run chains."""
+        if self.options.short_run or self.buffer is None:
+            x0, idx = uniform_like_shape(n, self.input_shape, device=self.device, generator=self.generator), None
+        else:
+            x0, idx = self.buffer.sample(n, y, generator=self.generator)
+        x = self.sgld.sample(self.forward_model, x0, y, generator=self.generator, fastpath=self.fastpath)
+        if idx is not None:
+            self.buffer.push(idx, x)
+        self.last_samples = x
+        return x
+
+    # -- the iteration --------------------------------------------------------------------------
+    def __call__(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_data: torch.Tensor | None = None,
+                 inject: str | None = None) -> dict[str, torch.Tensor]:
+        """One update. ``x_data`` is the p(x) batch when it differs from the labelled one
+        (semi-supervised); ``inject`` ("nan" or "energy") forces a divergence (tests only)."""
+        w = self.weights
+        x_lab = self.prepare(x_lab)
+        x_px = self.prepare(x_data) if (x_data is not None and w.px > 0) else None
+        n = x_lab.shape[0]
+        x_q = y_q = x_qy = None
+        if w.px > 0:
+            if self.options.class_cond_px:
+                y_q = torch.randint(0, self.num_classes, (n,), generator=self.generator, device=self.device)
+            x_q = self.negatives(n, y_q)
+        if w.pxy > 0:
+            x_qy = self.negatives(n, y_lab)
+        if inject == "energy":
+            if x_q is not None:
+                x_q = x_q * 1e6
+            elif x_qy is not None:
+                x_qy = x_qy * 1e6
+            else:
+                x_lab = x_lab * 1e6
+        parts = [("lab", x_lab)] + [(k, v) for k, v in (("data", x_px), ("sample", x_q), ("sample_y", x_qy)) if v is not None]
+        self.model.train()
+        with self.fastpath.autocast(self.device.type):
+            if self.batchnorm:  # batch statistics must not mix data and samples
+                outs = {k: to_fp32(self.forward_model(self._layout(v))) for k, v in parts}
+            else:
+                logits = to_fp32(self.forward_model(self._layout(torch.cat([v for _, v in parts]))))
+                outs = dict(zip([k for k, _ in parts], logits.split([v.shape[0] for _, v in parts])))
+        out = Logits(lab=outs["lab"], y_lab=y_lab, data=outs.get("data", outs["lab"] if w.px > 0 else None),
+                     sample=outs.get("sample"), sample_y=outs.get("sample_y"), y_sample=y_lab if x_qy is not None else None)
+        terms = jem_loss(out, w)
+        loss = terms["loss"]
+        if inject == "nan":
+            loss = loss * float("nan")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        stats = {k: v.detach() for k, v in terms.items()}
+        stats["loss"] = loss.detach()
+        stats["correct"] = (out.lab.detach().argmax(1) == y_lab).sum()
+        stats["n"] = torch.tensor(n, device=self.device)
+        return stats

@@ -1,0 +1,137 @@
+"""`jemeval calibrate`: metrics from the model's logits, the per-bin table, temperature scaling, CLI."""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy.optimize import minimize_scalar
+
+import jemeval
+from jemeval.cli import cli
+from jemeval.errors import UsageError
+from jemeval.evaluation.calibration import calibrate, fit_temperature, softmax64
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def clf(digits_classifier_ckpt):
+    return jemeval.load_model(digits_classifier_ckpt)
+
+
+@pytest.fixture(scope="module")
+def reference(clf):
+    """Probabilities and labels computed without jemeval's evaluation code."""
+    ds = jemeval.load_dataset("digits", "test")
+    with torch.no_grad():
+        probs = torch.softmax(clf.net(ds.x).double(), dim=1).numpy()
+    return probs, ds.y.numpy()
+
+
+def _hand_ece(probs, labels, bins):
+    """ECE with exact rational bin edges, one bin at a time: (lo, hi], 0 in the first bin."""
+    conf, correct = probs.max(1), probs.argmax(1) == labels
+    total, table = 0.0, []
+    for b in range(bins):
+        lo, hi = Fraction(b, bins), Fraction(b + 1, bins)
+        mask = np.array([(Fraction(c) > lo or (b == 0 and c == 0)) and Fraction(c) <= hi for c in conf])
+        table.append(int(mask.sum()))
+        if mask.any():
+            total += mask.mean() * abs(correct[mask].mean() - conf[mask].mean())
+    return total, table
+
+
+def test_calibrate_matches_hand_computation(clf, reference):
+    probs, labels = reference
+    result = calibrate(clf, progress=False)
+    (record,) = result.records
+    assert {"ece", "mce", "rms", "brier", "nll", "accuracy", "n", "bins"} <= set(record)
+    ece, counts = _hand_ece(probs, labels, 20)
+    assert record["ece"] == pytest.approx(ece, abs=1e-6)
+    assert [b["count"] for b in record["bins"]] == counts and record["n"] == 450 == sum(counts)
+    assert record["accuracy"] == pytest.approx(np.mean(probs.argmax(1) == labels))
+    assert record["nll"] == pytest.approx(-np.log(probs[np.arange(450), labels]).mean(), abs=1e-6)
+    assert record["brier"] == pytest.approx(((probs - np.eye(10)[labels]) ** 2).sum(1).mean(), abs=1e-6)
+    for b in record["bins"]:
+        assert set(b) == {"lower", "upper", "count", "confidence", "accuracy"}
+        if b["count"] == 0:  # empty bins carry no value, not a perfect calibration
+            assert b["confidence"] is None and b["accuracy"] is None
+    assert result.provenance["settings"]["sigma"] == 0.0 and result.provenance["settings"]["bins"] == 20
+
+
+def test_fit_temperature_matches_scipy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2000, 5)) * 4
+    true_t = 2.5
+    p = softmax64(logits, true_t)
+    labels = np.array([rng.choice(5, p=row) for row in p])
+
+    def nll(t):
+        q = softmax64(logits, t)
+        return -np.log(q[np.arange(len(labels)), labels]).mean()
+
+    best = minimize_scalar(nll, bounds=(0.05, 20), method="bounded", options={"xatol": 1e-8}).x
+    t = fit_temperature(logits, labels)
+    assert t == pytest.approx(best, rel=1e-4)
+    assert t == pytest.approx(true_t, rel=0.15)
+
+
+def test_temperature_scaling_reported_beside_raw(clf, tmp_path):
+    plot = tmp_path / "rel.png"
+    result = calibrate(clf, temperature_scaling=True, bins=10, plot=plot, progress=False)
+    raw, scaled = result.records
+    assert raw["calibration"] == "none" and raw["temperature"] == 1.0
+    assert scaled["calibration"] == "temperature" and scaled["temperature"] > 0
+    assert scaled["accuracy"] == raw["accuracy"]  # dividing logits by T keeps every prediction
+    assert len(scaled["bins"]) == 10
+    validation = result.provenance["settings"]["validation"]
+    assert validation["n"] == 269 and "train" in validation["source"]  # 20% of the 1,347 training images
+    assert result.notes  # warns that T was fitted on images the model may have trained on
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_json_csv_and_bin_table(digits_classifier_ckpt, tmp_path):
+    r = run("calibrate", "--model", digits_classifier_ckpt, "--bins", 5, "--json", "--sigma", 0.03)
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["records"][0]["bins"]) == 5 and data["provenance"]["settings"]["sigma"] == 0.03
+    csv = tmp_path / "cal.csv"
+    r = run("calibrate", "--model", digits_classifier_ckpt, "--n", 100, "--csv", csv)
+    assert r.exit_code == 0, r.output
+    assert "ece" in r.stdout and "lower" in r.stdout and "count" in r.stdout  # summary, then the per-bin table
+    header = [line for line in csv.read_text().splitlines() if not line.startswith("#")][0]
+    assert header.startswith("calibration,temperature,ece,mce,rms,brier,nll,accuracy,n") and "bins" not in header
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "uniform"], "needs a labelled dataset"),
+    (["--data", "digts"], "did you mean 'digits'"),
+    (["--bins", "0"], "--bins must be >= 1"),
+    (["--plot", "x.jpg"], "--plot must be a .png file"),
+])
+def test_cli_usage_errors(digits_classifier_ckpt, args, message):
+    r = run("calibrate", "--model", digits_classifier_ckpt, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_missing_dataset_asks_for_data():
+    from jemeval import testing
+
+    with pytest.raises(UsageError, match="--data DATASET"):
+        calibrate(testing.tiny_model(input_shape=(1, 8, 8)), progress=False)
+
+
+def test_temperature_fitted_on_the_trainers_held_out_split(digits_classifier_ckpt):
+    model = jemeval.load_model(digits_classifier_ckpt)
+    model.metadata["config"] = {"dataset": "digits", "val_size": 150, "split_seed": 1234}
+    result = calibrate(model, temperature_scaling=True, n=50, progress=False)
+    validation = result.provenance["settings"]["validation"]
+    assert validation["n"] == 150 and "held out" in validation["source"]
+    assert not result.notes

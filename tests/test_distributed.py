@@ -1,0 +1,155 @@
+"""Data-parallel utilities: environment checks, sharding, RNG streams, and a real 2-process gloo run.
+
+The 2-process test trains a BatchNorm-free model on a JEM loss (cross-entropy plus the contrast of
+log p~ on data and on noise-free SGLD samples) with batch B/2 per rank, and checks that it ends
+with the same parameters as one process with batch B.
+"""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from jemeval import distributed as D
+from jemeval.energy import EnergyModel
+from jemeval.errors import JemevalError
+from jemeval.fastpath import joint_logits
+from jemeval.sampling import SGLD
+
+N, GLOBAL_BATCH, STEPS, SEED = 16, 8, 3, 7
+
+
+def _model() -> EnergyModel:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(4 * 16, 3))
+    return EnergyModel(net, num_classes=3, input_shape=(1, 4, 4))
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand((N, 1, 4, 4), generator=g) * 2 - 1
+    return x, torch.arange(N) % 3, torch.rand((N, 1, 4, 4), generator=g) * 2 - 1  # data, labels, chain starts
+
+
+def _train(ctx: D.DistContext) -> torch.Tensor:
+    """A few JEM steps on this rank's shard; returns the flattened parameters."""
+    model = _model()
+    ddp = ctx.wrap(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    x, y, starts = _data()
+    shard = D.shard_indices(N, ctx.rank, ctx.world_size, SEED, epoch=0)
+    b = ctx.per_rank_batch(GLOBAL_BATCH)
+    sampler = SGLD(steps=3, step_size=1.0, noise=0.0)
+    for step in range(STEPS):
+        idx = shard[step * b:(step + 1) * b] % N  # shards are padded; N is a multiple of the world size here
+        x_q = sampler.sample(ctx.unwrap(ddp), starts[idx])
+        logits_d, logits_q = joint_logits(ddp, x[idx], x_q)
+        loss = F.cross_entropy(logits_d, y[idx]) - (logits_d.logsumexp(1).mean() - logits_q.logsumexp(1).mean())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ctx = D.init_from_env(backend="gloo", batch_size=GLOBAL_BATCH, env=env, timeout_s=60)
+    try:
+        params = _train(ctx)
+        mean = D.all_reduce_mean(torch.tensor([float(rank + 1)]))
+        gathered = D.all_gather_cat(torch.full((2,), float(rank)))
+        noise = torch.randn(4, generator=D.rank_generator(SEED, ctx.rank))
+        streams = D.all_gather_cat(noise)
+        D.barrier()
+        if D.is_main():
+            torch.save({"params": params, "mean": mean, "gathered": gathered, "streams": streams,
+                        "ctx": (ctx.rank, ctx.world_size, ctx.backend, ctx.distributed)}, out)
+    finally:
+        D.destroy()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_match_one_process_with_the_full_batch(tmp_path):
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    result = torch.load(out)
+    single = _train(D.init_from_env(env={}))
+    assert result["ctx"] == (0, 2, "gloo", True)
+    assert not torch.equal(single, torch.cat([p.detach().flatten() for p in _model().parameters()])), "no training happened"
+    torch.testing.assert_close(result["params"], single, rtol=1e-4, atol=1e-5)
+    assert result["mean"].item() == pytest.approx(1.5)
+    assert result["gathered"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert not torch.equal(result["streams"][:4], result["streams"][4:]), "ranks share an SGLD noise stream"
+
+
+def test_shards_are_deterministic_disjoint_and_cover_the_data():
+    shards = [D.shard_indices(10, r, 3, seed=1, epoch=2) for r in range(3)]
+    assert all(len(s) == 4 for s in shards)  # 10 padded to 12, dealt to 3 ranks
+    assert set(torch.cat(shards).tolist()) == set(range(10))
+    assert torch.equal(shards[1], D.shard_indices(10, 1, 3, seed=1, epoch=2))
+    assert not torch.equal(D.shard_indices(10, 0, 1, seed=1, epoch=2), D.shard_indices(10, 0, 1, seed=1, epoch=3))
+    dropped = [D.shard_indices(10, r, 3, seed=1, epoch=2, drop_last=True) for r in range(3)]
+    assert all(len(s) == 3 for s in dropped) and len(set(torch.cat(dropped).tolist())) == 9
+    assert torch.equal(D.shard_indices(5, 0, 1, seed=0, epoch=0, shuffle=False), torch.arange(5))
+
+
+def test_rank_generators_are_reproducible_and_distinct():
+    a = torch.rand(3, generator=D.rank_generator(0, 0))
+    assert torch.equal(a, torch.rand(3, generator=D.rank_generator(0, 0)))
+    assert not torch.equal(a, torch.rand(3, generator=D.rank_generator(0, 1)))
+    assert not torch.equal(a, torch.rand(3, generator=D.rank_generator(1, 0)))
+
+
+def test_single_process_context_and_helpers_are_no_ops():
+    ctx = D.init_from_env(env={}, batch_size=7)
+    assert (ctx.rank, ctx.world_size, ctx.distributed, ctx.is_main) == (0, 1, False, True)
+    model = _model()
+    assert ctx.wrap(model) is model and ctx.unwrap(model) is model
+    t = torch.tensor([2.0])
+    assert D.all_reduce_mean(t) is t and t.item() == 2.0
+    assert D.is_main() and D.all_gather_cat(t).tolist() == [2.0]
+    D.barrier()
+    assert ctx.state() == {"world_size": 1, "backend": None}
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "0"}, "set both RANK and WORLD_SIZE"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 must be in [0, WORLD_SIZE=2)"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "MASTER_ADDR is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, None),
+])
+def test_inconsistent_launch_environments_fail_with_one_line(env, message):
+    if message is None:
+        assert D.init_from_env(env=env, backend="gloo").world_size == 1
+        return
+    with pytest.raises(JemevalError) as err:
+        D.init_from_env(env=env, backend="gloo")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_batch_and_resume_checks():
+    ctx = D.DistContext(rank=1, world_size=4)
+    assert ctx.per_rank_batch(64) == 16
+    with pytest.raises(JemevalError, match="not divisible by the world size 4"):
+        ctx.per_rank_batch(66)
+    with pytest.raises(JemevalError, match="written by 2 process"):
+        ctx.check_resume(2)
+    ctx.check_resume(4)
+    ctx.check_resume(None)
+    ctx.check_resume(2, allow_change=True)
+    with pytest.raises(JemevalError, match="unknown distributed backend"):
+        D.init_from_env(env={"RANK": "0", "WORLD_SIZE": "1"}, backend="mpi")
+    with pytest.raises(JemevalError, match="written by 2"):
+        D.init_from_env(env={}, resume_world_size=2)

@@ -1,0 +1,203 @@
+"""Sample quality (`jemeval fidelity`): Frechet distances, model features, IS/FID/KID plumbing."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from click.testing import CliRunner
+
+import jemeval
+from jemeval.cli import cli
+from jemeval.errors import CheckpointError, JemevalError, UsageError
+from jemeval.evaluation import fidelity as fid_mod
+from jemeval.evaluation.fidelity import (
+    check_inception_weights, extract_features, feature_statistics, fidelity, frechet_distance,
+    frechet_distance_from_features, to_uint8_rgb,
+)
+from jemeval.evaluation.generation import sample
+
+
+def _scipy_fd(f1, f2):
+    """The textbook computation (pytorch-fid's): scipy's matrix square root of S1 S2."""
+    mu1, mu2 = f1.mean(0), f2.mean(0)
+    s1, s2 = np.cov(f1, rowvar=False), np.cov(f2, rowvar=False)
+    covmean = scipy.linalg.sqrtm(s1 @ s2).real
+    return float(((mu1 - mu2) ** 2).sum() + np.trace(s1 + s2 - 2 * covmean))
+
+
+@pytest.mark.parametrize("n, d", [(400, 6), (200, 20)])
+def test_frechet_distance_matches_scipy(n, d):
+    rng = np.random.default_rng(d)
+    a = rng.normal(size=(n, d)) @ rng.normal(size=(d, d))
+    b = rng.normal(loc=0.5, size=(n, d)) @ rng.normal(size=(d, d))
+    assert frechet_distance_from_features(a, b) == pytest.approx(_scipy_fd(a, b), rel=1e-6)
+
+
+def test_frechet_distance_special_cases():
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=(300, 8))
+    assert frechet_distance_from_features(f, f) == pytest.approx(0.0, abs=1e-9)
+    shift = rng.normal(size=8)
+    # a translation changes only the mean term: exactly ||shift||^2
+    assert frechet_distance_from_features(f, f + shift) == pytest.approx(float(shift @ shift), rel=1e-9)
+    # two 1-D Gaussians: (m1 - m2)^2 + (s1 - s2)^2
+    assert frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([3.0]), np.array([[1.0]])) == pytest.approx(4 + 1)
+    # fewer samples than dimensions (singular covariances) stays finite and non-negative
+    g = rng.normal(size=(5, 30))
+    assert 0 <= frechet_distance_from_features(g, g[::-1] + 1) < np.inf
+    with pytest.raises(ValueError, match="mismatched"):
+        frechet_distance(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))
+    with pytest.raises(UsageError, match="at least 2"):
+        feature_statistics(np.zeros((1, 4)))
+
+
+def test_features_are_the_penultimate_layer(digits_classifier_ckpt):
+    model = jemeval.load_model(digits_classifier_ckpt)
+    x = jemeval.load_dataset("digits", "test").x[:20]
+    feats, layer = extract_features(model, x, batch_size=7)
+    with torch.no_grad():
+        expected = model.net.features(x).double().numpy()  # SmallCNN: features -> head
+    np.testing.assert_allclose(feats, expected, rtol=1e-5, atol=1e-6)
+    assert "head" in layer and feats.shape == (20, 64)
+
+
+def test_feature_fd_separates_real_from_noise(digits_classifier_ckpt):
+    test = jemeval.load_dataset("digits", "test").x
+    noise = torch.rand(200, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    real = fidelity(test, "digits", features=digits_classifier_ckpt, metrics="fd")
+    fake = fidelity(noise, "digits", features=digits_classifier_ckpt, metrics="fd")
+    same = fidelity(jemeval.load_dataset("digits", "train").x, "digits", features=digits_classifier_ckpt, metrics="fd")
+    assert same.records[0]["value"] == pytest.approx(0.0, abs=1e-6)
+    assert real.records[0]["value"] < 0.2 * fake.records[0]["value"]
+    rec = real.records[0]
+    assert rec["metric"] == "fd" and rec["n_samples"] == 450 and rec["n_ref"] == 1347
+    assert real.extra["settings"]["features"][0]["dim"] == 64
+    assert real.provenance["command"] == "fidelity"
+
+
+def test_fidelity_records_which_samples_were_scored(digits_classifier_ckpt, tmp_path):
+    s = sample(digits_classifier_ckpt, classes="all", n=2, steps=3, top_confident=50, progress=False)
+    npz = s.save_npz(tmp_path / "s.npz")
+    for given in (s, npz):
+        res = fidelity(given, features=[digits_classifier_ckpt], ref_n=100)  # reference: the model's dataset
+        settings = res.provenance["settings"]
+        assert settings["samples"]["generation"]["top_confident"] == 50
+        assert settings["samples"]["generation"]["init"] == "noise"
+        assert settings["samples"]["generation"]["sgld"]["steps"] == 3
+        assert settings["reference"]["dataset"] == "digits" and settings["reference"]["n"] == 100
+        assert [r["metric"] for r in res.records] == ["fd"]
+        assert any("IS/FID/KID skipped" in n for n in res.notes)
+        assert any("judges its own samples" in n for n in res.notes)  # features model = generating model
+
+
+def test_missing_inception_weights_is_one_clear_line(digits_classifier_ckpt, tmp_path, monkeypatch):
+    monkeypatch.delenv(fid_mod.WEIGHTS_ENV, raising=False)
+    with pytest.raises(UsageError, match="--inception-weights"):
+        fidelity(torch.zeros(4, 1, 8, 8), "digits")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--n", "2", "--steps", "1"])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: IS/FID/KID need")
+    assert fid_mod.INCEPTION_FILE in lines[0] and "Traceback" not in res.output
+    res = runner.invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--inception-weights", str(tmp_path / "nope.pth")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_wrong_inception_weights_files_are_rejected(tmp_path, digits_classifier_ckpt):
+    junk = tmp_path / "junk.pth"
+    junk.write_text("not weights")
+    with pytest.raises(CheckpointError, match="not a tensor-only PyTorch weights file"):
+        check_inception_weights(junk)
+    with pytest.raises(CheckpointError, match="not torch-fidelity's InceptionV3"):
+        check_inception_weights(digits_classifier_ckpt)
+    res = CliRunner().invoke(cli, ["fidelity", "--samples", str(junk), "--inception-weights", str(junk)])
+    assert res.exit_code != 0 and len(res.output.strip().splitlines()) == 1
+
+
+def test_without_torch_fidelity_the_message_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_fidelity", None)
+    with pytest.raises(JemevalError, match=r"pip install 'jemeval\[fidelity\]'"):
+        fid_mod.require_torch_fidelity()
+
+
+def test_uint8_rgb_conversion():
+    x = torch.tensor([-1.0, 0.0, 1.0, 2.0]).view(1, 1, 2, 2)
+    u = to_uint8_rgb(x)
+    assert u.dtype == torch.uint8 and u.shape == (1, 3, 2, 2)
+    assert u[0, 0].flatten().tolist() == [0, 128, 255, 255] and torch.equal(u[0, 0], u[0, 2])
+
+
+def test_metric_list_errors():
+    with pytest.raises(UsageError, match="unknown metric 'fdi'.*'fid'"):
+        fidelity(torch.zeros(4, 1, 8, 8), "digits", metrics="fdi")
+    with pytest.raises(UsageError, match="needs --features"):
+        fidelity(torch.zeros(4, 1, 8, 8), "digits", metrics="fd")
+
+
+# -- with torch-fidelity installed (the `fidelity` extra) --------------------------------------
+@pytest.fixture
+def no_download(monkeypatch):
+    """Any attempt to fetch the Inception weights fails loudly instead of touching the network."""
+    tfe = pytest.importorskip("torch_fidelity.feature_extractor_inceptionv3")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch-fidelity tried to download weights")
+
+    monkeypatch.setattr(tfe, "load_state_dict_from_url", refuse)
+    return tfe
+
+
+def test_given_weights_path_is_the_one_torch_fidelity_opens(no_download, tmp_path):
+    """A stand-in with the right first and last tensors passes jemeval's check; the library then
+    opens that very file and rejects it, which comes back as one line naming the file."""
+    stand_in = tmp_path / "stand_in.pth"
+    torch.save({"Conv2d_1a_3x3.conv.weight": torch.zeros(32, 3, 3, 3), "fc.weight": torch.zeros(1008, 2048)}, stand_in)
+    info = check_inception_weights(stand_in)
+    assert info["path"] == str(stand_in) and not info["is_release_file"]
+    x = torch.rand(6, 1, 8, 8) * 2 - 1
+    with pytest.raises(CheckpointError, match=r"torch-fidelity could not use .*stand_in\.pth.*Missing key"):
+        fidelity(x, x, inception_weights=stand_in, metrics="is,fid")
+
+
+@pytest.fixture(scope="module")
+def random_inception_weights(tmp_path_factory):
+    """A randomly initialised InceptionV3 in torch-fidelity's layout (the real file cannot be
+    downloaded here): enough to run the whole IS/FID/KID pipeline, not to get meaningful values."""
+    tfe = pytest.importorskip("torch_fidelity.feature_extractor_inceptionv3")
+    cls = tfe.FeatureExtractorInceptionV3
+    orig_load, orig_url = cls.load_state_dict, tfe.load_state_dict_from_url
+    try:
+        cls.load_state_dict = lambda self, *a, **k: None
+        tfe.load_state_dict_from_url = lambda *a, **k: {}
+        torch.manual_seed(0)
+        state = cls("inception-v3-compat", ["2048"]).state_dict()
+    finally:
+        cls.load_state_dict, tfe.load_state_dict_from_url = orig_load, orig_url
+    path = tmp_path_factory.mktemp("inception") / "random-inception.pth"
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.slow
+def test_inception_metrics_end_to_end(no_download, random_inception_weights, monkeypatch):
+    # 75 x 75 is InceptionV3's smallest input; it keeps this CPU test short (299 in real use)
+    monkeypatch.setattr(no_download.FeatureExtractorInceptionV3, "INPUT_IMAGE_SIZE", 75)
+    x = torch.rand(12, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    res = fidelity(x, x.clone(), inception_weights=random_inception_weights, seed=3)
+    values = {r["metric"]: r for r in res.records}
+    assert set(values) == {"is", "fid", "kid"}
+    assert values["fid"]["value"] == pytest.approx(0.0, abs=1e-6)  # identical sets
+    assert values["kid"]["value"] == pytest.approx(0.0, abs=1e-6)
+    assert values["is"]["value"] >= 1.0 - 1e-9
+    inc = res.provenance["settings"]["inception"]
+    assert inc["weights"]["path"] == str(random_inception_weights)
+    assert inc["kid_subset_size"] == 12 and inc["isc_splits"] == 10 and inc["rng_seed"] == 3
+    assert any("not torch-fidelity's release file" in n for n in res.notes)
+    assert any("say little" in n for n in res.notes)
+    out = json.loads(res.to_json())
+    assert out["records"][0]["features"] == "inception-v3-compat"

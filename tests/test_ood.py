@@ -1,0 +1,211 @@
+"""`jemeval ood`: scores, the shared batch loop, metrics recomputed from saved scores, CLI outputs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+import jemeval
+from jemeval import testing
+from jemeval.cli import cli
+from jemeval.errors import UsageError
+from jemeval.evaluation.batching import resolve_scores, run_batches
+from jemeval.evaluation.ood import OODScores, evaluate_ood
+
+
+@pytest.fixture(scope="module")
+def clf(digits_classifier_ckpt):
+    return jemeval.load_model(digits_classifier_ckpt)
+
+
+@pytest.fixture(scope="module")
+def digits_test():
+    return jemeval.load_dataset("digits", "test")
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_gradnorm_matches_per_example_autograd(clf, digits_test):
+    x = digits_test.x[:24]
+    reference = []
+    for i in range(len(x)):  # the slow, obviously-correct way: one example at a time
+        xi = x[i:i + 1].clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(clf.logits(xi).logsumexp(1).sum(), xi)
+        reference.append(-g.flatten().norm())
+    reference = torch.stack(reference).numpy()
+    ds = jemeval.data.ArrayDataset(x, digits_test.y[:24])
+    out = run_batches(clf, ds, scores=resolve_scores(["gradnorm"]), batch_size=10, progress=False)
+    np.testing.assert_allclose(out.scores["gradnorm"], reference, rtol=1e-5, atol=1e-5)
+    assert all(p.requires_grad for p in clf.parameters()) and all(p.grad is None for p in clf.parameters())
+
+
+def test_logit_scores_match_their_definitions(clf, digits_test):
+    out = run_batches(clf, digits_test, scores=resolve_scores(["logpx", "maxprob", "maxlogit", "energy:T=2"]),
+                      batch_size=128, progress=False)
+    logits = torch.from_numpy(out.logits).double()
+    np.testing.assert_allclose(out.scores["logpx"], logits.logsumexp(1).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(out.scores["maxprob"], logits.softmax(1).amax(1).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(out.scores["maxlogit"], logits.amax(1).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out.scores["energy:T=2"], (2 * (logits / 2).logsumexp(1)).numpy(), rtol=1e-5)
+    # the plain scores called on the model agree with the from-logits path
+    np.testing.assert_allclose(jemeval.get("score", "logpx")(clf, digits_test.x).numpy(), out.scores["logpx"], rtol=1e-5)
+
+
+def test_logits_computed_once_per_batch(clf, digits_test):
+    calls = []
+    handle = clf.net.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        run_batches(clf, digits_test, scores=resolve_scores(["logpx", "maxprob", "maxlogit", "energy:T=2"]),
+                    batch_size=100, progress=False)
+        assert len(calls) == 5  # 450 examples, 5 batches, one forward each for all four scores
+        calls.clear()
+        run_batches(clf, digits_test, scores=resolve_scores(["logpx", "gradnorm"]), batch_size=100, progress=False)
+        assert len(calls) == 10  # gradnorm needs its own forward with the input graph
+        calls.clear()
+        run_batches(clf, digits_test, scores=resolve_scores(["gradnorm"]), keep_logits=False, batch_size=100,
+                    progress=False)
+        assert len(calls) == 5  # nothing reads the logits: no extra forward
+    finally:
+        handle.remove()
+
+
+def test_sigma_noise_is_seeded_and_recorded(clf, digits_test):
+    scores = resolve_scores(["logpx"])
+    a = run_batches(clf, digits_test, scores=scores, sigma=0.1, seed=3, progress=False)
+    b = run_batches(clf, digits_test, scores=scores, sigma=0.1, seed=3, progress=False)
+    c = run_batches(clf, digits_test, scores=scores, sigma=0.1, seed=4, progress=False)
+    clean = run_batches(clf, digits_test, scores=scores, progress=False)
+    np.testing.assert_array_equal(a.scores["logpx"], b.scores["logpx"])
+    assert not np.allclose(a.scores["logpx"], c.scores["logpx"])
+    assert not np.allclose(a.scores["logpx"], clean.scores["logpx"])
+    # the noise is exactly sigma * randn from the seeded generator, in dataset order
+    g = torch.Generator().manual_seed(3)
+    noisy = digits_test.x + 0.1 * torch.randn(digits_test.x.shape, generator=g)
+    np.testing.assert_allclose(a.scores["logpx"], clf.log_px(noisy).detach().numpy(), rtol=1e-5)
+    assert a.settings["sigma"] == 0.1 and a.settings["noise_seed"] == 3
+    with pytest.raises(UsageError, match="sigma"):
+        run_batches(clf, digits_test, sigma=-1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def ood_run(clf, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ood")
+    result = evaluate_ood(clf, ["uniform", "constant", "interp"], n=200, seed=1, sigma=0.01, bootstrap=20,
+                          save_scores=d / "scores.npz", plot=d / "hist.png", progress=False)
+    return result, d
+
+
+def test_records_follow_the_contract(ood_run):
+    result, _ = ood_run
+    assert len(result.records) == 9  # 3 default scores x 3 OOD sets
+    for r in result.records:
+        assert {"score", "id", "ood", "auroc", "aupr_in", "aupr_out", "fpr95", "n_id", "n_ood"} <= set(r)
+        assert r["id"] == "digits" and r["n_id"] == 200 and r["n_ood"] == 200
+        assert r["auroc_lo"] <= r["auroc"] <= r["auroc_hi"]
+    assert [r["score"] for r in result.records[::3]] == ["logpx", "maxprob", "gradnorm"]
+    assert [r["ood"] for r in result.records[:3]] == ["uniform", "constant", "interp:digits"]  # bare interp -> of the ID set
+    settings = result.provenance["settings"]
+    assert settings["sigma"] == 0.01 and settings["seed"] == 1 and settings["bootstrap"] == 20
+    assert result.provenance["checkpoint"]["sha256"]
+    assert any("FPR95" in note for note in result.notes)
+
+
+def test_metrics_recomputed_from_saved_scores(ood_run):
+    result, d = ood_run
+    with np.load(d / "scores.npz") as f:  # plain numpy: anyone can recompute the table
+        for r in result.records:
+            id_s, ood_s = f[f"id/{r['score']}"], f[f"ood/{r['ood']}/{r['score']}"]
+            y = np.r_[np.ones(len(id_s)), np.zeros(len(ood_s))]
+            s = np.r_[id_s, ood_s]
+            assert r["auroc"] == pytest.approx(roc_auc_score(y, s), abs=1e-6)
+            assert r["aupr_in"] == pytest.approx(average_precision_score(y, s), abs=1e-6)
+            assert r["aupr_out"] == pytest.approx(average_precision_score(1 - y, -s), abs=1e-6)
+            threshold = np.sort(id_s)[::-1][int(np.ceil(0.95 * len(id_s))) - 1]
+            assert r["fpr95"] == pytest.approx(np.mean(ood_s >= threshold), abs=1e-6)
+        assert json.loads(str(f["provenance"]))["settings"]["sigma"] == 0.01
+    loaded = OODScores.load_npz(d / "scores.npz")
+    assert loaded.ood_names == ["uniform", "constant", "interp:digits"] and loaded.id_name == "digits"
+
+
+def test_histogram_png_written(ood_run):
+    _, d = ood_run
+    data = (d / "hist.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plugin_score_and_metric_work_everywhere(clf):
+    class Plugin:
+        @jemeval.hookimpl
+        def register_scores(self, register):
+            def neg_entropy(model, x):
+                """No from_logits: called on the batch like a gradient score."""
+                with torch.no_grad():
+                    p = model.logits(x).softmax(1)
+                return (p * p.clamp_min(1e-12).log()).sum(1)
+
+            register("test-negentropy", neg_entropy)
+
+        @jemeval.hookimpl
+        def register_metrics(self, register):
+            @jemeval.ood_metric
+            def test_median_gap(id_scores, ood_scores):
+                return float(np.median(id_scores) - np.median(ood_scores))
+
+            register("test-median-gap", test_median_gap)
+
+    with testing.registered_plugin(Plugin(), name="test-ood-plugin"):
+        result = evaluate_ood(clf, ["uniform"], scores=["test-negentropy", "logpx"], n=64, progress=False)
+    assert [r["score"] for r in result.records] == ["test-negentropy", "logpx"]
+    assert all("test-median-gap" in r for r in result.records)
+    assert 0 <= result.records[0]["auroc"] <= 1
+
+
+def test_cli_outputs(digits_classifier_ckpt, tmp_path):
+    csv = tmp_path / "ood.csv"
+    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform,gaussian", "--score", "logpx,energy:T=2",
+            "--n", 100, "--json", "--csv", csv)
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [(x["score"], x["ood"]) for x in data["records"]] == [
+        ("logpx", "uniform"), ("logpx", "gaussian"), ("energy:T=2", "uniform"), ("energy:T=2", "gaussian")]
+    assert data["provenance"]["settings"]["sigma"] == 0.0
+    # T = 1 energy equals logpx; T = 2 differs but is a valid AUROC
+    frame = pd.read_csv(csv, comment="#")
+    assert list(frame["auroc"]) == pytest.approx([x["auroc"] for x in data["records"]])
+    assert csv.read_text().startswith("# provenance:")
+    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--n", 50, "--markdown")
+    assert r.exit_code == 0 and "| score" in r.stdout and "provenance" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ood", "unifrom"], "did you mean 'uniform'"),
+    (["--ood", "uniform", "--score", "logpz"], "did you mean 'logpx'"),
+    (["--ood", "uniform", "--plot", "hist.pdf"], "--plot must be a .png file"),
+    (["--ood", "uniform", "--save-scores", "s.csv"], "--save-scores must be a .npz file"),
+    (["--ood", "uniform", "--n", "0"], "--n must be positive"),
+    (["--ood", "digits"], "is the in-distribution set itself"),
+    (["--ood", "uniform", "--metric", "aurok"], "did you mean 'auroc'"),
+])
+def test_cli_usage_errors_are_one_line(digits_classifier_ckpt, args, message):
+    r = run("ood", "--model", digits_classifier_ckpt, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_missing_training_dataset_asks_for_id():
+    model = testing.tiny_model(input_shape=(1, 8, 8))
+    with pytest.raises(UsageError, match="--id DATASET"):
+        evaluate_ood(model, ["uniform"], progress=False)
+    result = evaluate_ood(model, ["uniform", "interp"], id="digits[0-2]", n=30, scores=["maxprob"], progress=False)
+    assert [r["ood"] for r in result.records] == ["uniform", "interp:digits[0-2]"]
+    assert result.records[0]["id"] == "digits[0-2]" and result.records[0]["n_id"] == 30
+    assert result.records[1]["n_ood"] == 30
+    with pytest.raises(UsageError, match=r"the model takes \(1, 4, 4\)"):
+        evaluate_ood(testing.tiny_model(input_shape=(1, 4, 4)), ["uniform"], id="digits", progress=False)

@@ -1,0 +1,173 @@
+"""`jemeval robust` / `jemeval distal`: end to end, re-checking, sanity checks and bad input."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import jemeval
+from jemeval.cli import cli
+from jemeval.data import subsample
+from jemeval.errors import UsageError
+from jemeval.evaluation.distal import distal
+from jemeval.evaluation.robustness import distortion_curve, robust, sanity_checks
+
+CONTRACT_KEYS = {"attack", "norm", "epsilon", "refine_steps", "robust_accuracy", "clean_accuracy", "n"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ckpt(request, digits_classifier_ckpt):
+    """The digits JEM when the suite provides one, else the plain classifier."""
+    try:
+        return request.getfixturevalue("digits_jem_ckpt")
+    except pytest.FixtureLookupError:
+        return digits_classifier_ckpt
+
+
+def test_cli_end_to_end_with_refinement_and_two_grad_modes(ckpt, tmp_path):
+    plot, csv = tmp_path / "robust.png", tmp_path / "robust.csv"
+    res = CliRunner().invoke(cli, [
+        "robust", "--model", str(ckpt), "--norm", "l2", "--refine-steps", "0,1", "--grad-mode", "full,bpda",
+        "--n", "20", "--steps", "3", "--chains", "2", "--epsilons", "0,0.5,4", "--plot", str(plot), "--csv", str(csv),
+        "--json", "--device", "cpu",
+    ])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    recs = out["records"]
+    # K=0: full and bpda coincide (one run); K=1: one run per mode
+    assert sorted({(r["refine_steps"], r["grad_mode"]) for r in recs}) == [(0, "full"), (1, "bpda"), (1, "full")]
+    assert len(recs) == 9 and all(CONTRACT_KEYS <= set(r) for r in recs)
+    assert all(r["n"] == 20 and r["chains"] == 2 and r["sigma"] == 0.0 and r["steps"] == 3 for r in recs)
+    k0 = sorted((r for r in recs if r["refine_steps"] == 0), key=lambda r: r["epsilon"])
+    assert k0[0]["robust_accuracy"] == k0[0]["clean_accuracy"]
+    assert k0[-1]["robust_accuracy"] <= 0.1  # L2 epsilon 4 defeats an undefended model
+    settings = out["provenance"]["settings"]
+    assert settings["sigma"] == 0.0 and settings["chains"] == 2 and settings["sgld"]["step_size"] > 0
+    assert settings["attacks"]["pgd"]["restarts"] == 1 and "recheck_chains" in settings["seeds"]
+    assert out["provenance"]["checkpoint"]["sha256"]
+    assert any(n.startswith("check ok: pgd K=0 full: accuracy at epsilon 0") for n in out["notes"])
+    assert {c["check"] for c in out["checks"]} >= {"epsilon0_equals_clean", "non_increasing", "large_epsilon_near_zero"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(pd.read_csv(csv, comment="#")) == 9
+
+
+class Spy:
+    """An attack that returns the input unchanged (claiming nothing) and records what it was given."""
+
+    name = "spy"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model, x, y, epsilons):
+        self.calls.append({"steps": model.steps, "grad_mode": model.grad_mode, "chains": model.chains,
+                           "sigma": model.sigma, "n": len(x)})
+        return x.unsqueeze(0).expand(len(epsilons), *x.shape).clone()
+
+
+def test_the_attacked_model_and_the_recheck(digits_classifier_ckpt):
+    spy = Spy()
+    result = robust(digits_classifier_ckpt, norm="linf", refine_steps=[0, 2], attacks=[spy], epsilons=[0, 0.1],
+                    grad_mode=["full", "bpda"], chains=3, sigma=0.01, n=25, batch_size=10, progress=False)
+    # batches of 10, 10, 5 per run; K=0 once, K=2 once per mode
+    assert [(c["steps"], c["grad_mode"], c["n"]) for c in spy.calls] == (
+        [(0, "full", 10), (0, "full", 10), (0, "full", 5)]
+        + [(2, "full", 10), (2, "full", 10), (2, "full", 5)] + [(2, "bpda", 10), (2, "bpda", 10), (2, "bpda", 5)])
+    assert all(c["chains"] == 3 and c["sigma"] == 0.01 for c in spy.calls)
+    # an attack that changes nothing cannot lower accuracy below what fresh chains say about x itself
+    model = jemeval.load_model(digits_classifier_ckpt)
+    ds = subsample(jemeval.load_dataset("digits", "test"), 25, seed=0)
+    with torch.no_grad():
+        clean = float((model(ds.x).argmax(1) == ds.y).double().mean())
+    for r in result.records:
+        if r["refine_steps"] == 0:
+            assert r["clean_accuracy"] == pytest.approx(clean, abs=0.08)  # sigma 0.01 barely moves digits
+        assert r["robust_accuracy"] <= r["clean_accuracy"]
+        assert r["robust_accuracy"] >= r["clean_accuracy"] - 0.12  # only re-check noise separates them
+
+
+def test_minimization_attack_reports_minimal_perturbations(digits_classifier_ckpt):
+    result = robust(digits_classifier_ckpt, norm="l2", attacks="pointwise", epsilons=[0, 1, 8], n=12, progress=False)
+    (mp,) = result.extra["minimal_perturbations"]
+    values = [math.inf if v is None else v for v in mp["values"]]
+    assert len(values) == 12 and mp["found"] == sum(math.isfinite(v) for v in values)
+    median = float(torch.tensor(values, dtype=torch.float64).median())
+    assert all(r["median_min_perturbation"] == pytest.approx(median) for r in result.records)
+    curve = mp["curve"]
+    assert curve["epsilon"][0] == 0 and curve["epsilon"][-1] == 8
+    assert curve["robust_accuracy"][0] == pytest.approx(result.records[0]["clean_accuracy"])
+    # accuracy at epsilon 8 (the whole L2 range): the minimal adversarials are all inside the ball
+    assert result.records[-1]["robust_accuracy"] == pytest.approx(curve["robust_accuracy"][-1])
+    assert result.records[0]["gradient_free"] and result.records[0]["grad_mode"] == "none"
+
+
+def test_distortion_curve_by_hand():
+    d = torch.tensor([0.0, 0.5, math.inf, 1.0], dtype=torch.float64)
+    curve = distortion_curve(d, 2.0, points=5)  # eps 0, 0.5, 1, 1.5, 2
+    assert curve["epsilon"] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert curve["robust_accuracy"] == [0.75, 0.5, 0.25, 0.25, 0.25]
+
+
+def _rec(attack, k, mode, eps, acc, clean=0.9, free=False):
+    return {"attack": attack, "refine_steps": k, "grad_mode": mode, "epsilon": eps, "robust_accuracy": acc,
+            "clean_accuracy": clean, "gradient_free": free}
+
+
+def test_sanity_checks_flag_what_they_should():
+    good = [_rec("pgd", 0, "full", 0, 0.9), _rec("pgd", 0, "full", 1, 0.3), _rec("pgd", 0, "full", 4, 0.0)]
+    assert all(c["passed"] for c in sanity_checks(good))
+    bad = [_rec("pgd", 0, "full", 0, 0.8), _rec("pgd", 0, "full", 1, 0.85), _rec("pgd", 0, "full", 4, 0.5),
+           _rec("boundary", 0, "none", 0, 0.9, free=True), _rec("boundary", 0, "none", 1, 0.2, free=True),
+           _rec("boundary", 0, "none", 4, 0.0, free=True)]
+    failed = {c["check"]: c["message"] for c in sanity_checks(bad) if not c["passed"]}
+    assert set(failed) == {"epsilon0_equals_clean", "non_increasing", "large_epsilon_near_zero",
+                           "white_box_beats_gradient_free"}
+    assert "obfuscated gradients" in failed["white_box_beats_gradient_free"]
+    assert "K=0 eps=1 (0.200 < 0.850)" in failed["white_box_beats_gradient_free"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--norm", "l3"], "unknown --norm 'l3' (did you mean 'l2'?)"),
+    (["--norm", "l2", "--attack", "pdg"], "unknown attack 'pdg' (did you mean 'pgd'?)"),
+    (["--norm", "linf", "--epsilons", "0,1.5"], "epsilon 1.5 is out of range for linf"),
+    (["--norm", "l2", "--epsilons", "0,-0.1"], "epsilon -0.1 is out of range for l2"),
+    (["--norm", "l2", "--refine-steps", "0,-1"], "--refine-steps must be integers >= 0"),
+    (["--norm", "l2", "--grad-mode", "exact"], "unknown --grad-mode 'exact'"),
+    (["--norm", "l2", "--epsilons", "a,b"], "--epsilons must be comma-separated numbers"),
+    (["--norm", "l2", "--plot", "out.jpg"], "--plot must be a .png file"),
+])
+def test_bad_input_is_one_clear_line(digits_classifier_ckpt, args, words):
+    res = CliRunner().invoke(cli, ["robust", "--model", str(digits_classifier_ckpt), "--n", "5", *args])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    error_lines = [line for line in res.output.splitlines() if "Error" in line]
+    assert len(error_lines) == 1 and words in error_lines[0]
+
+
+def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_ckpt, tmp_path):
+    grid = tmp_path / "distal.png"
+    res = CliRunner().invoke(cli, ["distal", "--model", str(digits_classifier_ckpt), "--target", "3,8", "--n", "4",
+                                   "--steps", "40", "--grid", str(grid), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [r["target"] for r in out["records"]] == [3, 8]
+    for r in out["records"]:
+        assert r["start_confidence"] < 0.5 < 0.9 < r["mean_confidence"]
+        assert r["min_confidence"] <= r["median_confidence"] <= r["max_confidence"]
+    assert len(out["confidences"]) == 8 and out["targets_per_image"] == [3] * 4 + [8] * 4
+    assert out["provenance"]["settings"]["refinement"]["refine_steps"] == 0
+    assert grid.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(UsageError, match="--target 10 is not a class of this model: use 0..9"):
+        distal(digits_classifier_ckpt, 10)
