@@ -85,8 +85,7 @@ class FastPath:
         """Context for the network forward: bf16 autocast when on, a no-op otherwise."""
         if not self.bf16:
             return contextlib.nullcontext()
-        device_type = torch.device(device_type).type if not isinstance(device_type, str) else device_type
-        return torch.autocast(device_type, dtype=AUTOCAST_DTYPE)
+        return torch.autocast(torch.device(device_type).type, dtype=AUTOCAST_DTYPE)
 
     def to_input(self, x: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
         """Move a batch to ``device`` (non-blocking when pinned) in the model's memory format."""

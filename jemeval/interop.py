@@ -19,9 +19,10 @@ they differ in the keys that tell them apart and in the BatchNorm mode their aut
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class FoundCheckpoint:
     state: dict
     config: dict
     replay_buffer: Any
-    builder: Callable[["FoundCheckpoint", str], EnergyModel]
+    builder: Callable[[FoundCheckpoint, str], EnergyModel]
     #: SGLD settings the layout's authors used (read by sampling commands via config["sgld"])
     sgld: dict = field(default_factory=dict)
 
@@ -168,7 +169,12 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
     training set (which a foreign checkpoint does not name; ``ood`` and ``calibrate`` use it as
     the in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
     """
-    from .checkpoints import file_sha256, is_jemeval_checkpoint, read_checkpoint, save_checkpoint
+    from .checkpoints import (
+        file_sha256,
+        is_jemeval_checkpoint,
+        read_checkpoint,
+        save_checkpoint,
+    )
     from .provenance import provenance
     from .results import Result
 

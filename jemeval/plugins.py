@@ -132,6 +132,11 @@ class PluginManager:
             name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin)}"
             if name in self.infos:
                 raise PluginError(f"a plugin named {name!r} is already registered")
+            if self.pm.is_registered(plugin):
+                raise PluginError(
+                    f"this plugin object is already registered as {self.pm.get_name(plugin)!r} (installed?); "
+                    "use its components by name, or uninstall it to test the module directly"
+                )
             info = PluginInfo(name, version or getattr(plugin, "__version__", None), builtin=False)
             self._add(plugin, name, info)
             self._registry = None

@@ -186,6 +186,30 @@ def _first_line(doc: str | None) -> str | None:
     return None
 
 
+def check_options(obj: Callable, options: dict[str, Any], what: str, *, skip: int = 0) -> None:
+    """Raise a one-line UsageError if ``obj`` does not accept the keyword ``options``.
+
+    ``what`` names the component (e.g. "score 'energy'"); ``skip`` is the number of positional
+    parameters the caller fills (``model, x`` for a score). Lets ``--score energy:X=3`` fail with
+    "score 'energy' has no option 'X' (options: T)" instead of a TypeError from deep inside.
+    """
+    import inspect
+
+    if not options:
+        return
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params[skip:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for key in options:
+        if key not in accepted:
+            listing = ", ".join(accepted) if accepted else "none"
+            raise UsageError(f"{what} has no option {key!r}{did_you_mean(key, accepted)}; its options: {listing}")
+
+
 def call_with_supported(factory: Callable, *args, context: dict[str, Any] | None = None, **options):
     """Call ``factory(*args, **options)``, adding the ``context`` keywords it accepts.
 

@@ -51,14 +51,24 @@ import torch
 from torch import nn
 
 from .fastpath import to_fp32, unwrap
-from .sampling import BN_MODES, SGLD, _log_p, frozen
+from .sampling import BN_MODES, SGLD, _autocast, _log_p, frozen
 
 if TYPE_CHECKING:
     from .fastpath import FastPath
 
 SPLIT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-#: verdicts of the exactness check, per model object: first layer or None (not splittable)
-_SPLITS: "weakref.WeakKeyDictionary[nn.Module, nn.Module | None]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Where a verified model splits: its first layer, and whether that layer sees x itself."""
+
+    layer: nn.Module
+    direct: bool  # the layer's input *is* the model's input: inner steps call the layer alone
+
+
+#: verdicts of the exactness check, per model object: a split, or None (not splittable)
+_SPLITS: "weakref.WeakKeyDictionary[nn.Module, _Split | None]" = weakref.WeakKeyDictionary()
 
 
 class _StopForward(Exception):
@@ -107,12 +117,12 @@ def first_layer(model: nn.Module) -> nn.Module | None:
 
 
 @contextlib.contextmanager
-def _capture(layer: nn.Module, *, stop: bool) -> Iterator[list[torch.Tensor]]:
-    """Collect ``layer``'s outputs during a forward pass (and end the pass there with ``stop``)."""
-    outputs: list[torch.Tensor] = []
+def _capture(layer: nn.Module, *, stop: bool) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Collect ``layer``'s (input, output) pairs during a forward pass (and end it there with ``stop``)."""
+    outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def hook(module, args, out):
-        outputs.append(out)
+        outputs.append((args[0] if args else None, out))
         if stop:
             raise _StopForward
 
@@ -189,8 +199,8 @@ class ProximalSGLD:
         """
         model = unwrap(model)
         n_steps = self.steps if steps is None else int(steps)
-        layer = _SPLITS.get(model, False)
-        if layer is None:  # known not to split
+        split = _SPLITS.get(model, False)
+        if split is None:  # known not to split
             return self.fallback().sample(model, x0, y, steps=n_steps, generator=generator,
                                           return_trace=return_trace, fastpath=fastpath)
         dtype = fastpath.autocast_dtype if fastpath is not None else None
@@ -200,18 +210,18 @@ class ProximalSGLD:
             if fastpath is not None and fastpath.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             first = None
-            if layer is False and n_steps > 0:  # first use: find the split and verify it once
-                layer, first = self._verify(model, x, y, dtype)
-                if layer is None:
+            if split is False and n_steps > 0:  # first use: find the split and verify it once
+                split, first = self._verify(model, x, y, dtype)
+                if split is None:
                     return self.fallback().sample(model, x0, y, steps=n_steps, generator=generator,
                                                   return_trace=return_trace, fastpath=fastpath)
             for step in range(n_steps):
-                value, eta, p = first if step == 0 and first is not None else self._full_pass(model, layer, x, y, dtype)
+                value, eta, p = first if step == 0 and first is not None else self._full_pass(model, split, x, y, dtype)
                 if return_trace:
                     trace.append(value.detach().mean())
                 x = torch.add(x, eta, alpha=self.step_size)
                 for _ in range(self.inner_steps):
-                    g = self._inner_grad(model, layer, x, y, p, dtype) if self.recompute_first_layer else eta
+                    g = self._inner_grad(model, split, x, y, p, dtype) if self.recompute_first_layer else eta
                     x = x.add_(g.clamp(-self.grad_clip, self.grad_clip), alpha=self.inner_step_size)
                     if self.clamp is not None:
                         x = x.clamp_(*self.clamp)
@@ -229,32 +239,38 @@ class ProximalSGLD:
 
     # -- the two kinds of pass --------------------------------------------------------------------
     @staticmethod
-    def _full_pass(model, layer, x, y, dtype):
+    def _full_pass(model, split: _Split, x, y, dtype):
         """(log p~, d/dx, d/dh1) from one forward and one backward (no weight gradients)."""
         x = x.detach().requires_grad_(True)
-        with torch.enable_grad(), _capture(layer, stop=False) as outs:
+        with torch.enable_grad(), _capture(split.layer, stop=False) as outs:
             value = _log_p(model, x, y, dtype)
-            eta, p = torch.autograd.grad(value.sum(), [x, outs[0]])
+            eta, p = torch.autograd.grad(value.sum(), [x, outs[0][1]])
         return value, eta, p
 
     @staticmethod
-    def _inner_grad(model, layer, x, y, p, dtype):
-        """d/dx <L1(x), p>: the forward stops right after the first layer."""
+    def _inner_grad(model, split: _Split, x, y, p, dtype):
+        """d/dx <L1(x), p>: only the first layer runs (directly when it sees x itself, otherwise
+        the model's forward is ended right after it)."""
         x = x.detach().requires_grad_(True)
-        with torch.enable_grad(), _capture(layer, stop=True) as outs:
-            try:
-                _log_p(model, x, y, dtype)
-            except _StopForward:
-                pass
-            hamiltonian = (to_fp32(outs[0]) * to_fp32(p)).sum()
-            (g,) = torch.autograd.grad(hamiltonian, x)
+        with torch.enable_grad():
+            if split.direct:
+                with _autocast(x, dtype):
+                    h = split.layer(x)
+            else:
+                with _capture(split.layer, stop=True) as outs:
+                    try:
+                        _log_p(model, x, y, dtype)
+                    except _StopForward:
+                        pass
+                h = outs[0][1]
+            (g,) = torch.autograd.grad((to_fp32(h) * to_fp32(p)).sum(), x)
         return g
 
     def _verify(self, model, x, y, dtype):
         """Find the first layer and check the split is exact at ``x`` (one host sync); cache the
-        verdict. Returns (layer or None, the full pass at ``x`` for the first outer step)."""
+        verdict. Returns (split or None, the full pass at ``x`` for the first outer step)."""
         layer = first_layer(model)
-        reason, first = None, None
+        reason, first, split = None, None, None
         if layer is None:
             reason = "it has no conv/linear layer"
         else:
@@ -264,10 +280,11 @@ class ProximalSGLD:
                 if len(outs) != 1:
                     reason = f"its first layer runs {len(outs)} times per forward pass"
                 else:
-                    first = (value, *torch.autograd.grad(value.sum(), [x_req, outs[0]]))
+                    first = (value, *torch.autograd.grad(value.sum(), [x_req, outs[0][1]]))
             if reason is None:
                 eta, p = first[1], first[2]
-                g = self._inner_grad(model, layer, x, y, p, dtype)
+                split = _Split(layer, direct=outs[0][0] is x_req)
+                g = self._inner_grad(model, split, x, y, p, dtype)
                 err = float((g - eta).norm() / eta.norm().clamp_min(1e-30))
                 tol = 1e-3 if dtype is None else 5e-2
                 if not err <= tol:
@@ -276,6 +293,6 @@ class ProximalSGLD:
         if reason is not None:
             warnings.warn(f"ProximalSGLD: cannot split {type(model).__name__} at its first layer: {reason}; "
                           "sampling with plain SGLD instead", RuntimeWarning, stacklevel=3)
-            layer, first = None, None
-        _SPLITS[model] = layer
-        return layer, first
+            split, first = None, None
+        _SPLITS[model] = split
+        return split, first

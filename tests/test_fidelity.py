@@ -15,8 +15,13 @@ from jemeval.cli import cli
 from jemeval.errors import CheckpointError, JemevalError, UsageError
 from jemeval.evaluation import fidelity as fid_mod
 from jemeval.evaluation.fidelity import (
-    check_inception_weights, extract_features, feature_statistics, fidelity, frechet_distance,
-    frechet_distance_from_features, to_uint8_rgb,
+    check_inception_weights,
+    extract_features,
+    feature_statistics,
+    fidelity,
+    frechet_distance,
+    frechet_distance_from_features,
+    to_uint8_rgb,
 )
 from jemeval.evaluation.generation import sample
 

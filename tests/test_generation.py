@@ -12,7 +12,12 @@ import jemeval
 from jemeval.checkpoints import save_checkpoint
 from jemeval.cli import cli
 from jemeval.errors import UsageError
-from jemeval.evaluation.generation import grid_rows, load_samples, sample, top_confident_mask
+from jemeval.evaluation.generation import (
+    grid_rows,
+    load_samples,
+    sample,
+    top_confident_mask,
+)
 
 
 @pytest.fixture(scope="session")

@@ -14,13 +14,14 @@ from click.testing import CliRunner
 
 jemeval_igebm = pytest.importorskip("jemeval_igebm")
 
-import jemeval  # noqa: E402
-from jemeval import testing  # noqa: E402
-from jemeval.cli import cli  # noqa: E402
-from jemeval.errors import CheckpointError, UsageError  # noqa: E402
-from jemeval.plugins import get_plugin_manager, reset_plugin_manager  # noqa: E402
-from jemeval.sampling import log_p  # noqa: E402
-from jemeval_igebm.convert_tf import convert_tf_checkpoint, model_from_variables, read_tf_variables  # noqa: E402
+from jemeval_igebm.convert_tf import model_from_variables, read_tf_variables
+
+import jemeval
+from jemeval import testing
+from jemeval.cli import cli
+from jemeval.errors import CheckpointError, UsageError
+from jemeval.plugins import get_plugin_manager, reset_plugin_manager
+from jemeval.sampling import log_p
 
 # -- the release's network, from its description ---------------------------------------------
 # Block order and which blocks average-pool, per network of the release's models.py.
@@ -37,7 +38,7 @@ def release_variables(net: str, *, classes: int, width: int, stem: int | None = 
     """Random values for every variable the release creates (unused ones and optimizer state too)."""
     rng = np.random.default_rng(seed)
     v: dict[str, np.ndarray] = {}
-    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    f32 = lambda a: np.asarray(a, dtype=np.float32)
 
     def conv(scope, c_in, c_out, scale=1.0):
         v[f"context_0/{scope}/cweight"] = f32(rng.normal(size=(3, 3, c_in, c_out)) * scale)
@@ -103,7 +104,7 @@ def release_energy(get, images, onehot, net: str, conditional: bool, ops):
 def numpy_ops(variables):
     def conv(x, w):
         k, pad = w.shape[0], w.shape[0] // 2
-        n, hgt, wid, _ = x.shape
+        _, hgt, wid, _ = x.shape
         xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
         return sum(np.einsum("nhwc,co->nhwo", xp[:, i:i + hgt, j:j + wid], w[i, j]) for i in range(k) for j in range(k))
 
@@ -118,7 +119,7 @@ def numpy_ops(variables):
 
 def reference_logits_numpy(variables, x_nchw: torch.Tensor, net: str, classes: int) -> np.ndarray:
     """-E(x, y) for every class from the numpy reference, inputs given in jemeval's [-1, 1] NCHW."""
-    get = lambda name: variables[f"context_0/{name}"].astype(np.float64)  # noqa: E731
+    get = lambda name: variables[f"context_0/{name}"].astype(np.float64)
     images = ((x_nchw.double().numpy() + 1) / 2).transpose(0, 2, 3, 1)
     cols = [-release_energy(get, images, np.eye(classes)[[k] * len(images)], net, classes > 1, numpy_ops(variables))
             for k in range(classes)]
@@ -221,13 +222,19 @@ def test_igebm_checkpoint_needs_the_plugin_and_says_so(tmp_path):
 
 
 # -- the TensorFlow release format -----------------------------------------------------------
-def test_tensorflow_checkpoint_converts_to_the_tensorflow_logits(tmp_path):
-    tf = pytest.importorskip("tensorflow")
-    v1 = tf.compat.v1
-    variables = release_variables("resnet32", classes=3, width=4, seed=11)
-    images = np.random.default_rng(1).uniform(size=(4, 8, 8, 3)).astype(np.float32)
-    (tmp_path / "cifar10_cond").mkdir()
-    prefix = str(tmp_path / "cifar10_cond" / "model_74700")
+# TensorFlow runs in subprocesses: once it is loaded, importing torch's triton (as training does)
+# aborts the process, so the pytest process itself never imports it.
+TF_SETTINGS = {"net": "resnet32", "classes": 3, "width": 4, "seed": 11, "n": 4}
+
+
+def write_tf_release_checkpoint(prefix: str, npz_path: str) -> None:
+    """Build the release's graph from :func:`release_variables`, save it as a TF1 checkpoint at
+    ``prefix`` and write the images and TensorFlow's logits (-E for every class) to ``npz_path``."""
+    import tensorflow as tf
+
+    v1, s = tf.compat.v1, TF_SETTINGS
+    variables = release_variables(s["net"], classes=s["classes"], width=s["width"], seed=s["seed"])
+    images = np.random.default_rng(1).uniform(size=(s["n"], 8, 8, 3)).astype(np.float32)
     with tf.Graph().as_default():
         tf_vars = {name: v1.get_variable(name, initializer=value) for name, value in variables.items()}
         ops = types.SimpleNamespace(
@@ -235,20 +242,45 @@ def test_tensorflow_checkpoint_converts_to_the_tensorflow_logits(tmp_path):
             reshape=tf.reshape, shape=lambda w: w.get_shape().as_list(), l2n=tf.nn.l2_normalize, minimum=tf.minimum,
             leaky=tf.nn.leaky_relu, relu=tf.nn.relu, avg_pool2=lambda a: tf.nn.avg_pool(a, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
             sum_hw=lambda a: tf.reduce_sum(a, [1, 2]), has=lambda name: f"context_0/{name}" in variables)
-        label = v1.placeholder(tf.float32, (None, 3))
-        energy = release_energy(lambda name: tf_vars[f"context_0/{name}"], tf.constant(images), label, "resnet32", True, ops)
+        label = v1.placeholder(tf.float32, (None, s["classes"]))
+        energy = release_energy(lambda name: tf_vars[f"context_0/{name}"], tf.constant(images), label, s["net"], True, ops)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             v1.train.Saver().save(sess, prefix)
-            tf_logits = np.stack([-sess.run(energy, {label: np.eye(3)[[k] * 4]}) for k in range(3)], axis=1)
+            eye = np.eye(s["classes"])
+            logits = np.stack([-sess.run(energy, {label: eye[[k] * s["n"]]}) for k in range(s["classes"])], axis=1)
+    np.savez(npz_path, images=images, logits=logits)
+
+
+def test_tensorflow_checkpoint_converts_to_the_tensorflow_logits(tmp_path):
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed (pip install 'jemeval-igebm[tf]')")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    (tmp_path / "cifar10_cond").mkdir()
+    prefix, npz = tmp_path / "cifar10_cond" / "model_74700", tmp_path / "tf.npz"
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_igebm; "
+              f"test_igebm.write_tf_release_checkpoint({str(prefix)!r}, {str(npz)!r})")
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    assert made.returncode == 0, made.stderr[-2000:]
     out = tmp_path / "igebm.pt"
-    record = convert_tf_checkpoint(tmp_path / "cifar10_cond", out, dataset="cifar10").records[0]
+    converted = subprocess.run([sys.executable, "-m", "jemeval_igebm.convert_tf", str(tmp_path / "cifar10_cond"), str(out),
+                                "--dataset", "cifar10", "--json"], capture_output=True, text=True, env=env, check=False)
+    assert converted.returncode == 0, converted.stderr[-2000:]
+    record = json.loads(converted.stdout)["records"][0]
     assert record["variant"] == "resnet32" and record["ignored_variables"] > 0
     model = jemeval.load_model(out)
     assert model.metadata["config"]["source_layout"] == "igebm-tf-release" and model.metadata["dataset"] == "cifar10"
-    x = torch.from_numpy(images.transpose(0, 3, 1, 2)) * 2 - 1
+    tf_run = np.load(npz)
+    x = torch.from_numpy(tf_run["images"].transpose(0, 3, 1, 2)) * 2 - 1
     with torch.no_grad():
-        assert np.allclose(model(x).numpy(), tf_logits, rtol=1e-5, atol=1e-5 * np.abs(tf_logits).max())
+        logits = model(x).numpy()
+    assert np.allclose(logits, tf_run["logits"], rtol=1e-5, atol=1e-5 * np.abs(tf_run["logits"]).max())
 
 
 # -- end to end: train briefly on digits, then ood and calibrate --------------------------------
@@ -256,7 +288,7 @@ def test_briefly_trained_igebm_runs_through_ood_and_calibrate(tmp_path):
     runner = CliRunner()
     trained = runner.invoke(cli, [
         "train", "digits", "--arch", "igebm:width=4,blocks=1", "--objective", "factored", "--epochs", "1",
-        "--sgld-steps", "2", "--warmup-iters", "0", "--buffer-size", "100", "--out", str(tmp_path / "run"),
+        "--sgld-steps", "2", "--warmup-iters", "0", "--buffer-size", "100", "--batch-size", "128", "--out", str(tmp_path / "run"),
         "--no-progress", "--json"])
     assert trained.exit_code == 0, trained.output
     ckpt = json.loads(trained.stdout)["best"]

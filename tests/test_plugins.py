@@ -137,3 +137,55 @@ def test_example_plugin_components_pass_the_contract_checks():
     assert testing.check_metric("example-detection-error") >= 0
     testing.check_attack("example-noise", norm="linf")
     testing.check_attack("example-noise", norm="l2")
+
+
+def test_registering_an_already_registered_module_is_a_clear_error():
+    from jemeval.builtins import scores
+    from jemeval.errors import PluginError
+
+    with pytest.raises(PluginError, match="already registered as 'jemeval.builtins.scores'"):
+        with testing.registered_plugin(scores, name="again"):
+            pass
+
+
+def test_component_options_are_checked_against_signatures():
+    from jemeval.errors import UsageError
+    from jemeval.registry import check_options
+
+    energy = jemeval.get("score", "energy")
+    check_options(energy, {"T": 2}, "score 'energy'", skip=2)
+    with pytest.raises(UsageError, match=r"score 'energy' has no option 't' \(did you mean 'T'\?\); its options: T"):
+        check_options(energy, {"t": 2}, "score 'energy'", skip=2)
+
+
+def test_crash_inside_a_component_is_one_line_unless_debugging(monkeypatch):
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    plugin = types.SimpleNamespace()
+
+    @jemeval.hookimpl
+    def register_datasets(register):
+        def crashing(split, root, download):
+            raise ZeroDivisionError("plugin bug")
+        register("crashing", crashing)
+
+    plugin.register_datasets = register_datasets
+    import click
+
+    @cli.command("load-crashing", hidden=True)
+    def load_crashing():
+        jemeval.load_dataset("crashing")
+
+    try:
+        with testing.registered_plugin(plugin, name="crasher"):
+            r = CliRunner().invoke(cli, ["load-crashing"])
+            assert r.exit_code == 1
+            assert "unexpected ZeroDivisionError: plugin bug" in r.output and "JEMEVAL_DEBUG=1" in r.output
+            assert "Traceback" not in r.output
+            monkeypatch.setenv("JEMEVAL_DEBUG", "1")
+            r = CliRunner().invoke(cli, ["load-crashing"])
+            assert isinstance(r.exception, ZeroDivisionError)
+    finally:
+        cli.commands.pop("load-crashing", None)

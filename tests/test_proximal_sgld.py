@@ -12,7 +12,7 @@ from jemeval.energy import EnergyModel
 from jemeval.fastpath import FastPath
 from jemeval.models import create_model
 from jemeval.sampling import SGLD
-from jemeval.sampling_proximal import ProximalSGLD, first_layer
+from jemeval.sampling_proximal import _SPLITS, ProximalSGLD, first_layer
 from jemeval.testing import tiny_model
 
 
@@ -73,6 +73,17 @@ def test_affine_first_layer_makes_the_inner_gradient_constant():
     kw = dict(steps=2, inner_steps=3, step_size=20.0, inner_step_size=5.0, noise=0.0)
     a = ProximalSGLD(**kw).sample(m, x0)
     b = ProximalSGLD(**kw, recompute_first_layer=False).sample(m, x0)
+    assert _SPLITS[m].direct  # conv1 sees x itself: inner steps call conv1 alone
+    assert (a - x0).abs().max() > 1e-3
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # an input normalisation inside the model is affine too: the split still holds, through the model
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(4 * 64, 4))
+    normed = EnergyModel(net, num_classes=4, input_shape=(3, 8, 8),
+                         normalization={"mean": [0.1, 0.0, -0.1], "std": [0.5, 0.25, 0.5]})
+    kw.update(step_size=1.0, inner_step_size=0.3)
+    a = ProximalSGLD(**kw).sample(normed, x0)
+    b = ProximalSGLD(**kw, recompute_first_layer=False).sample(normed, x0)
+    assert not _SPLITS[normed].direct  # the inner steps end the model's forward after its first layer
     assert (a - x0).abs().max() > 1e-3
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 

@@ -113,6 +113,13 @@ def test_minimization_attack_reports_minimal_perturbations(digits_classifier_ckp
     assert result.records[0]["gradient_free"] and result.records[0]["grad_mode"] == "none"
 
 
+def test_attack_specs_keep_their_options():
+    from jemeval.cli.commands.robust import split_attack_specs
+
+    assert split_attack_specs("pgd:steps=5,restarts=2,boundary") == ["pgd:steps=5,restarts=2", "boundary"]
+    assert split_attack_specs("pgd, pointwise") == ["pgd", "pointwise"]
+
+
 def test_distortion_curve_by_hand():
     d = torch.tensor([0.0, 0.5, math.inf, 1.0], dtype=torch.float64)
     curve = distortion_curve(d, 2.0, points=5)  # eps 0, 0.5, 1, 1.5, 2
@@ -164,7 +171,7 @@ def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_
     out = json.loads(res.stdout)
     assert [r["target"] for r in out["records"]] == [3, 8]
     for r in out["records"]:
-        assert r["start_confidence"] < 0.5 < 0.9 < r["mean_confidence"]
+        assert r["start_confidence"] < 0.5 and r["mean_confidence"] > 0.9
         assert r["min_confidence"] <= r["median_confidence"] <= r["max_confidence"]
     assert len(out["confidences"]) == 8 and out["targets_per_image"] == [3] * 4 + [8] * 4
     assert out["provenance"]["settings"]["refinement"]["refine_steps"] == 0

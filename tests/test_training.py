@@ -381,3 +381,24 @@ def test_benchmark_prints_ratios():
     r = bench.main(["--arch", "cnn:width=8", "--batch", "16", "--steps", "2", "--repeats", "1", "--json"])
     assert r["sgld_step_over_forward_backward"] > 0 and r["jem_iteration_over_plain_iteration"] > 1
     assert r["jem_images_per_s"] > 0
+
+
+def test_shared_fixtures_jem_beats_baseline_on_log_px_auroc(digits_jem_ckpt, digits_baseline_ckpt):
+    """The conftest fixtures other tests rely on: both classify, only the JEM's log p(x) separates
+    digits from uniform noise almost perfectly (AUROC by sklearn on logsumexp logits)."""
+    from sklearn.metrics import roc_auc_score
+
+    test = jemeval.load_dataset("digits", "test")
+    noise = jemeval.load_dataset("uniform", "test", input_shape=(1, 8, 8), n=1000)
+    results = {}
+    for name, path in (("jem", digits_jem_ckpt), ("baseline", digits_baseline_ckpt)):
+        model = jemeval.load_model(path)
+        with torch.no_grad():
+            acc = (model(test.x).argmax(1) == test.y).float().mean().item()
+            scores = torch.cat([model.log_px(test.x), model.log_px(noise.x)]).numpy()
+        results[name] = (acc, roc_auc_score([1] * len(test) + [0] * len(noise), scores))
+    assert results["jem"][0] >= 0.9 and results["baseline"][0] >= 0.9
+    assert results["jem"][1] >= 0.99 and results["jem"][1] > results["baseline"][1]
+    cfg = jemeval.load_model(digits_jem_ckpt).metadata["config"]
+    assert cfg["sgld"]["steps"] == 5 and cfg["sigma"] == 0.03
+    assert jemeval.load_model(digits_baseline_ckpt).metadata["config"]["sampling"] is False

@@ -8,6 +8,7 @@ import cannot break it. User mistakes raised as :class:`~jemeval.errors.JemevalE
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -17,6 +18,7 @@ from .. import __version__
 from ..errors import JemevalError, UsageError
 
 _COMMANDS_PACKAGE = "jemeval.cli.commands"
+DEBUG_ENV = "JEMEVAL_DEBUG"
 
 
 def _command_modules() -> dict[str, str]:
@@ -63,6 +65,16 @@ class JemevalGroup(click.Group):
             raise click.UsageError(str(exc)) from None
         except JemevalError as exc:
             raise click.ClickException(str(exc)) from None
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug in jemeval or a plugin: one line unless debugging
+            if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+                raise
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise click.ClickException(
+                f"unexpected {type(exc).__name__}: {message} (a bug in jemeval or a plugin; "
+                f"set {DEBUG_ENV}=1 for the traceback)"
+            ) from None
 
 
 @click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"]})

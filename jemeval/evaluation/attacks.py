@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -11,7 +11,7 @@ from the optimisation.
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -18,8 +18,9 @@ part of every result: published IS/FID depend on it (jem-reference.md section 4)
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -145,7 +146,7 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
         raise UsageError(f"--inception-weights {str(p)!r} does not exist; " + missing_weights_message().split(": ", 1)[1])
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways; each becomes one line
         first = ": ".join(filter(None, [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:160]]))
         raise CheckpointError(f"--inception-weights {str(p)!r} is not a tensor-only PyTorch weights file ({first}); "
                               f"expected torch-fidelity's {INCEPTION_FILE}") from None

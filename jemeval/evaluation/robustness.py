@@ -21,8 +21,9 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -202,9 +203,10 @@ def robust(
     mode (recorded as ``none``). ``sigma`` (default 0) is the noise added to each chain before
     refinement; the JEM release used 0.03. ``plot``: also write the accuracy-vs-epsilon PNG there.
     """
+    from tqdm.auto import tqdm
+
     from ..checkpoints import load_model
     from ..data import input_shape_of, load_dataset, subsample, to_arrays
-    from tqdm.auto import tqdm
 
     norm = str(norm).lower()
     if norm not in NORMS:
@@ -234,7 +236,10 @@ def robust(
         raise UsageError("the checkpoint does not say which dataset it was trained on; pass --data NAME")
     ds = subsample(load_dataset(data, "test", root=root, download=download), n, seed=seed)
     x, y = (t.to(device) for t in to_arrays(ds))
-    eps = check_epsilons(DEFAULT_EPSILONS[norm] if epsilons is None else epsilons, norm, input_shape_of(ds))
+    if epsilons is None:  # the defaults, without sizes the input cannot hold (L2 on tiny inputs)
+        limit = 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape_of(ds))))
+        epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
+    eps = check_epsilons(epsilons, norm, input_shape_of(ds))
 
     base_sgld = sgld_from_config(model, 0)
     if sgld_step_size is not None:

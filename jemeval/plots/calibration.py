@@ -46,11 +46,9 @@ def plot_reliability(records: Sequence[dict[str, Any]], path: str | Path, *, tit
         name = record.get("calibration", "none")
         t = record.get("temperature")
         heading = "raw" if name == "none" else f"{name} scaling (T = {t:.3f})" if t is not None else name
-        ax.set_title(heading, fontsize=10)
-        ax.text(0.04, 0.96, f"ECE = {100 * record['ece']:.2f}%\nMCE = {100 * record['mce']:.2f}%\n"
-                            f"accuracy = {100 * record['accuracy']:.1f}%",
-                transform=ax.transAxes, va="top", ha="left", fontsize=9,
-                bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7"})
+        # the numbers go in the title, where they can never hide a bar
+        ax.set_title(f"{heading}\nECE = {100 * record['ece']:.2f}%   MCE = {100 * record['mce']:.2f}%   "
+                     f"accuracy = {100 * record['accuracy']:.1f}%", fontsize=9)
         centres = [(b["lower"] + b["upper"]) / 2 for b in bins]
         ax_n.bar(centres, [b["count"] for b in bins], width=width, color="0.5", edgecolor="white", linewidth=0.6)
         if any(b["count"] for b in bins):

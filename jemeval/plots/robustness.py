@@ -6,8 +6,9 @@ from the per-example minimal perturbations is drawn as a thin step line of the s
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import pyplot, save_figure
 

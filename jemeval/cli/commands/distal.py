@@ -4,7 +4,14 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path, device_option, emit, model_option, output_options, parse_ints, resolve_device, seed_option,
+    check_output_path,
+    device_option,
+    emit,
+    model_option,
+    output_options,
+    parse_ints,
+    resolve_device,
+    seed_option,
 )
 
 COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_confidence", "median_confidence",

@@ -48,7 +48,11 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
     dev = resolve_device(device)
     if model_path is not None:
         # fail on a missing weights file or bad metric list before spending time sampling
-        from ...evaluation.fidelity import INCEPTION_METRICS, check_inception_weights, resolve_metrics
+        from ...evaluation.fidelity import (
+            INCEPTION_METRICS,
+            check_inception_weights,
+            resolve_metrics,
+        )
 
         chosen, _ = resolve_metrics(metrics, have_features=bool(features), have_weights=bool(inception_weights))
         if set(chosen) & set(INCEPTION_METRICS):

@@ -5,6 +5,7 @@ import json
 
 import click
 
+from ...interfaces import metric_task
 from ...registry import KINDS
 
 
@@ -14,8 +15,9 @@ def list_components(kind: str | None = None, pattern: str | None = None) -> dict
     registry = get_registry()
     kinds = [kind] if kind else list(KINDS)
     return {
-        k: [{"name": c.name, "plugin": c.plugin, "help": c.help} for c in registry.components(k)
-            if c.name in set(registry.names(k, pattern))]
+        k: [{"name": c.name, "plugin": c.plugin, "help": c.help,
+             **({"task": metric_task(c.obj)} if k == "metric" else {})}
+            for c in registry.components(k) if c.name in set(registry.names(k, pattern))]
         for k in kinds
     }
 
@@ -35,6 +37,9 @@ def cli(kind, pattern, as_json):
         return
     for k, items in listing.items():
         click.echo(f"{k}s:")
+        if not items:
+            click.echo(f"  (no {k}s match {pattern!r})" if pattern else f"  (no {k}s registered)")
         for item in items:
             help_text = f"  {item['help']}" if item["help"] else ""
-            click.echo(f"  {item['name']:<12} [{item['plugin']}]{help_text}")
+            task = f" ({item['task']})" if item.get("task") else ""
+            click.echo(f"  {item['name']:<12} [{item['plugin']}]{task}{help_text}")

@@ -4,12 +4,32 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path, data_options, device_option, emit, model_option, output_options, parse_floats, parse_ints,
-    resolve_device, seed_option, split_list,
+    check_output_path,
+    data_options,
+    device_option,
+    emit,
+    model_option,
+    output_options,
+    parse_floats,
+    parse_ints,
+    resolve_device,
+    seed_option,
+    split_list,
 )
 
 COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "clean_accuracy", "n",
            "median_min_perturbation", "seconds"]
+
+
+def split_attack_specs(value: str) -> list[str]:
+    """'pgd:steps=5,restarts=2,boundary' -> ['pgd:steps=5,restarts=2', 'boundary'] (options stay with their attack)."""
+    specs: list[str] = []
+    for item in split_list(value, "--attack"):
+        if specs and "=" in item and ":" not in item:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
 
 
 @click.command("robust")
@@ -18,7 +38,7 @@ COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_acc
 @click.option("--refine-steps", default="0", show_default=True,
               help="SGLD refinement steps K before classifying; a list (0,1,10) attacks each K and plots them together.")
 @click.option("--attack", "attacks", default="pgd", show_default=True,
-              help="Attack(s), comma-separated: pgd, boundary, pointwise or a plugin's; options as pgd:steps=100.")
+              help="Attack(s), comma-separated: pgd, boundary, pointwise or a plugin's; options as pgd:steps=100,restarts=5.")
 @click.option("--epsilons", default=None,
               help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255 (default: a norm-specific list "
                    "ending at a size that should defeat any undefended model).")
@@ -31,7 +51,7 @@ COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_acc
 @click.option("--sigma", type=float, default=0.0, show_default=True,
               help="Std of the noise added to each chain before refinement (the JEM release used 0.03: pass --sigma 0.03 to reproduce it).")
 @click.option("--eot-samples", type=int, default=10, show_default=True, help="Noise draws averaged per gradient with --grad-mode eot.")
-@click.option("--checkpoint/--no-checkpoint", "grad_checkpoint", default=None,
+@click.option("--grad-checkpoint/--no-grad-checkpoint", "grad_checkpoint", default=None,
               help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from 5 steps.")
 @click.option("--sgld-lr", type=float, default=None, help="SGLD step size for refinement (default: the checkpoint's, else 1.0).")
 @click.option("--sgld-std", type=float, default=None, help="SGLD noise std for refinement (default: the checkpoint's, else 0.01).")
@@ -65,7 +85,7 @@ def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, g
     check_output_path(plot, ".png", "--plot")
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
-        attacks=split_list(attacks, "--attack"),
+        attacks=split_attack_specs(attacks),
         epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
         data=data, n=n, seed=seed, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
         chains=chains, sigma=sigma, eot_samples=eot_samples, checkpoint=grad_checkpoint, sgld_step_size=sgld_lr,

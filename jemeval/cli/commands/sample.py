@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ..options import check_output_path, device_option, emit, model_option, resolve_device, seed_option
+from ..options import (
+    check_output_path,
+    device_option,
+    emit,
+    model_option,
+    resolve_device,
+    seed_option,
+)
 
 
 def sampling_options(fn):

@@ -27,8 +27,8 @@ Unconditional checkpoints (1-D ``g``/``gb``) become a one-class model.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import torch

@@ -24,11 +24,11 @@ is expanded to N x K (image, class) pairs for the conditional blocks.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 #: stage width multipliers, blocks per stage and head activation of the release's networks
 VARIANTS: dict[str, dict] = {
