@@ -11,7 +11,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)  # CI has 2 cores; one thread per process avoids oversubscription stalls
 
 
 def _train_digits_classifier(path, epochs=15, seed=0):
