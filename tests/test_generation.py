@@ -80,8 +80,11 @@ def test_chains_raise_log_p_on_average(gen_ckpt):
 def test_settings_and_provenance_record_every_choice(conditional, gen_ckpt):
     s = conditional.settings
     assert s["mode"] == "class-conditional" and s["init"] == "noise" and s["seed"] == 1
-    assert s["sgld"] == {"steps": 12, "step_size": 1.0, "noise": 0.01, "clamp": None, "bn_mode": "eval"}
-    assert s["sgld_defaults_from"] == "JEM release defaults"
+    trained = jemeval.load_model(gen_ckpt).metadata["config"].get("sgld")  # a JEM fixture records its SGLD
+    expected = {"step_size": 1.0, "noise": 0.01, "clamp": None, "bn_mode": "eval"}
+    expected.update({k: v for k, v in (trained or {}).items() if k in expected})
+    assert s["sgld"] == {"steps": 12, **expected}
+    assert s["sgld_defaults_from"] == ("checkpoint config" if trained else "JEM release defaults")
     assert s["top_confident"] is None and s["n_generated"] == s["n_kept"] == 30
     prov = conditional.result.provenance
     assert prov["command"] == "sample" and prov["seed"] == 1 and prov["settings"]["sgld"]["steps"] == 12
