@@ -119,12 +119,12 @@ def main(argv=None) -> None:
             if r.cpu >= points[k]:
                 results[r.name].append((r.cpu, r.wall, r.iters, evaluate(r.model, x_test, y_test, ood)))
                 next_point[r.name] += 1
-    print(f"{'sampler':10s} {'cpu s':>6s} {'wall s':>7s} {'iters':>6s} {'ms/iter':>8s} {'test acc':>9s} "
+    print(f"{'sampler':14s} {'cpu s':>6s} {'wall s':>7s} {'iters':>6s} {'ms/iter':>8s} {'test acc':>9s} "
           f"{'AUROC unif':>10s} {'AUROC interp':>12s}   settings")
     for r in runs:
         for i, (cpu, wall, iters, ev) in enumerate(results[r.name]):
             settings = r.sampler.settings() if i == 0 else ""
-            print(f"{r.name:10s} {cpu:6.1f} {wall:7.1f} {iters:6d} {1000 * cpu / iters:8.1f} {ev['acc']:9.3f} "
+            print(f"{r.name:14s} {cpu:6.1f} {wall:7.1f} {iters:6d} {1000 * cpu / iters:8.1f} {ev['acc']:9.3f} "
                   f"{ev['auroc_uniform']:10.3f} {ev['auroc_interp']:12.3f}   {settings}")
 
 

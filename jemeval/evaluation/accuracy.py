@@ -88,7 +88,7 @@ def evaluate(
             "data": data, "split": split, "refine_steps": k,
             "accuracy": float(np.mean(probs.argmax(axis=1) == out.labels)),
             "nll": nll_metric(probs, out.labels),
-            "n": int(len(out.labels)),
+            "n": len(out.labels),
             "sigma": float(sigma),
         }
         records.append(record)

@@ -68,7 +68,7 @@ def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAUL
     for name, fn in registered_metrics("calibration"):
         record[name] = float(call_with_supported(fn, probs, labels, context={"bins": int(bins)}))
     record["accuracy"] = float(np.mean(probs.argmax(axis=1) == labels))
-    record["n"] = int(len(labels))
+    record["n"] = len(labels)
     record["bins"] = bins_table(probs, labels, bins)
     return record
 

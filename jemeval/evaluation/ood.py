@@ -72,13 +72,12 @@ class OODScores:
             arrays[f"id/{s}"] = self.id_scores[s]
             for name, per_score in self.ood_scores.items():
                 arrays[f"ood/{name}/{s}"] = per_score[s]
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
         return Path(path)
 
     @classmethod
-    def load_npz(cls, path: str | Path) -> "OODScores":
+    def load_npz(cls, path: str | Path) -> OODScores:
         with np.load(path, allow_pickle=False) as f:
             scores = [str(s) for s in f["score_names"]]
             oods = [str(s) for s in f["ood_names"]]
@@ -221,8 +220,8 @@ def ood_records(
             record: dict[str, Any] = {"score": s, "id": scores.id_name, "ood": ood_name}
             for name, fn in available:
                 record[name] = float(fn(id_values, ood_values))
-            record["n_id"] = int(len(id_values))
-            record["n_ood"] = int(len(ood_values))
+            record["n_id"] = len(id_values)
+            record["n_ood"] = len(ood_values)
             if bootstrap:
                 for name, fn in available:
                     lo, hi = bootstrap_interval(fn, id_values, ood_values, n_boot=bootstrap, level=level, rng=rng)

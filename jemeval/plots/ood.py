@@ -32,7 +32,7 @@ def plot_score_histograms(scores, path: str | Path, *, records: Sequence[dict[st
     rows = int(np.ceil(len(names) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 4.2 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, s in zip(axes.flat, names):
+    for ax, s in zip(axes.flat, names, strict=False):
         arrays = [scores.id_scores[s]] + [per[s] for per in scores.ood_scores.values()]
         bins = _bins(arrays, n_bins)
         top = 0.0
