@@ -35,3 +35,11 @@ def test_plugins_json_lists_builtins_with_versions():
     report = {p["name"]: p for p in json.loads(r.output)}
     assert report["jemeval.builtins.models"]["version"] == jemeval.__version__
     assert report["jemeval.builtins.models"]["registered"]["model"] == ["cnn", "timm", "wrn"]
+
+
+def test_bad_component_options_are_one_line_usage_errors(digits_classifier_ckpt):
+    r = run("ood", "--model", str(digits_classifier_ckpt), "--ood", "uniform", "--score", "energy:t=3")
+    assert r.exit_code == 2 and "score 'energy' has no option 't' (did you mean 'T'?); its options: T" in r.output
+    r = run("robust", "--model", str(digits_classifier_ckpt), "--norm", "l2", "--attack", "pgd:bogus=1", "--n", "5")
+    assert r.exit_code == 2 and "attack 'pgd' has no option 'bogus'" in r.output
+    assert "Traceback" not in r.output

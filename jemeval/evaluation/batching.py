@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from ..data import iterate_batches
 from ..errors import JemevalError, UsageError
-from ..registry import parse_spec
+from ..registry import check_options, parse_spec
 from ..sampling import frozen
 
 DEFAULT_BATCH_SIZE = 256
@@ -60,6 +60,7 @@ def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
         if spec.variant is not None or spec.classes is not None:
             raise UsageError(f"score {text!r}: scores take only key=value options, e.g. 'energy:T=2'")
         fn = registry.get("score", spec.name)
+        check_options(fn, spec.options, f"score {spec.name!r}", skip=2)
         label = str(spec)
         if label in seen:
             raise UsageError(f"score {label!r} is given twice")

@@ -99,7 +99,7 @@ def make_attack(spec: Any, norm: str, *, context: dict[str, Any]):
     ``context`` options (steps, restarts, the seed) are offered to factories that name them.
     """
     from ..plugins import get_registry
-    from ..registry import call_with_supported, parse_spec
+    from ..registry import call_with_supported, check_options, parse_spec
 
     if callable(spec) and not isinstance(spec, str):
         name = getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
@@ -109,6 +109,7 @@ def make_attack(spec: Any, norm: str, *, context: dict[str, Any]):
         factory = get_registry().get("attack", parsed.name)
         if parsed.variant is not None:
             raise UsageError(f"attack spec {spec!r}: write options as NAME:key=value, e.g. pgd:steps=100")
+        check_options(factory, parsed.options, f"attack {parsed.name!r}", skip=1)
         name, attack = parsed.name, call_with_supported(factory, norm, context=context, **parsed.options)
     norms = getattr(attack, "norms", NORMS)
     if norm not in norms:
