@@ -21,8 +21,8 @@ import copy
 import numpy as np
 import torch
 from scipy.stats import spearmanr
-
 from timing import add_common_args, header, interleave, setup
+
 from jemeval.builtins.scores import gradnorm
 from jemeval.fastpath import FastPath
 from jemeval.models import create_model

@@ -27,9 +27,9 @@ import time
 import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
-
 from timing import header, setup
 from train_iteration import jemeval_iteration
+
 from jemeval.data import load_dataset, to_arrays
 from jemeval.fastpath import FastPath
 from jemeval.models import create_model
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=20.0, help="CPU seconds of training per sampler")
     parser.add_argument("--evals", type=int, default=3)
     parser.add_argument("--samplers", default="sgld10,pyld5x5,pyld5x5-reuse,sgld5")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="default 1 on CPU; 0 = torch's choice")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

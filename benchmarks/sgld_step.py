@@ -24,8 +24,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from timing import add_common_args, fmt_ms, header, interleave, setup
+
 from jemeval.fastpath import FastPath
 from jemeval.models import create_model
 from jemeval.sampling import SGLD

@@ -6,7 +6,8 @@ load changes between them). Every benchmark here therefore runs its variants rou
 
 * wall:  ``time.perf_counter``, what a user waits for;
 * cpu:   ``time.process_time`` of this process, which other processes' load barely affects. With
-         ``--threads 1`` it is the work done; with more threads it also counts OpenMP spin-waiting.
+         one thread (the CPU default here) it is the work done; with more threads it also counts
+         OpenMP spin-waiting, and wall-clock ratios drift with the load of the other processes.
 
 Ratios between variants of the same run are the numbers to trust and compare.
 """
@@ -17,7 +18,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -25,16 +26,19 @@ import torch
 def add_common_args(parser: argparse.ArgumentParser, repeats: int) -> None:
     parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (medians are reported)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's choice); 1 gives the steadiest CPU-time ratios")
+                        help="torch intra-op threads: default 1 on CPU (the steadiest CPU-time ratios on a shared "
+                             "machine), torch's choice on CUDA; 0 = torch's choice")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def setup(args: argparse.Namespace) -> torch.device:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else 0)
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
-    return torch.device(args.device)
+    return device
 
 
 def sync(device: torch.device) -> None:

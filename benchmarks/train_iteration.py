@@ -24,9 +24,9 @@ import copy
 
 import torch
 import torch.nn.functional as F
-
 from naive_reference import naive_iteration
 from timing import add_common_args, fmt_ms, header, interleave, setup
+
 from jemeval.fastpath import FastPath, joint_logits
 from jemeval.models import create_model
 from jemeval.sampling import SGLD, ReplayBuffer
@@ -101,8 +101,8 @@ def main(argv=None) -> None:
             buf = ReplayBuffer(10000, shape, device=device, generator=g)
             sampler = SGLD(steps=args.steps)
             for key, steps in ((full, None), (warm, 1)):
-                key[name] = (lambda r=run, o=opt, b=buf, fp=fp, s=steps:
-                             jemeval_iteration(r, x, y, b, o, sampler, fastpath=fp, generator=g, steps=s))
+                key[name] = (lambda r=run, o=opt, b=buf, fp=fp, s=steps, smp=sampler:
+                             jemeval_iteration(r, x, y, b, o, smp, fastpath=fp, generator=g, steps=s))
         elif name == "trainer":
             fp = FastPath.for_device(device)
             step, reason = trainer_step(model, shape, args.classes, device, g, fp)

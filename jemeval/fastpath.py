@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ class FastPath:
     pin_memory: bool = False
 
     @classmethod
-    def for_device(cls, device: torch.device | str, **overrides: Any) -> "FastPath":
+    def for_device(cls, device: torch.device | str, **overrides: Any) -> FastPath:
         """All switches on for CUDA, off for CPU; ``overrides`` (None = keep the default) win.
 
         On a CUDA device without bf16 support (pre-Ampere) ``bf16`` defaults to off.
@@ -74,14 +75,25 @@ class FastPath:
         return dataclasses.asdict(self)
 
     # -- the model ------------------------------------------------------------------------------
-    def prepare(self, model: nn.Module) -> "PreparedModel":
-        """Apply channels_last (in place, to the eager module) and build the compiled wrapper."""
+    def prepare(self, model: nn.Module, *, wrap: Callable[[nn.Module], nn.Module] | None = None) -> PreparedModel:
+        """Apply channels_last (in place, to the eager module), then ``wrap`` (e.g. a
+        :class:`~jemeval.distributed.DistContext`'s DistributedDataParallel), then compile.
+
+        ``run`` is what training calls, ``sample`` what SGLD calls (compiled, never the DDP
+        wrapper: sampling needs no gradient reduction), ``eager`` what checkpoints save.
+        """
         if self.channels_last:
             model.to(memory_format=torch.channels_last)
-        run = torch.compile(model, mode=self.compile_mode) if self.compile else model
-        return PreparedModel(eager=model, run=run)
+        compiled = torch.compile(model, mode=self.compile_mode) if self.compile else model
+        if wrap is None:
+            return PreparedModel(eager=model, run=compiled, sample=compiled)
+        wrapped = wrap(model)
+        if wrapped is model:  # e.g. a single-process DistContext
+            return PreparedModel(eager=model, run=compiled, sample=compiled)
+        run = torch.compile(wrapped, mode=self.compile_mode) if self.compile else wrapped
+        return PreparedModel(eager=model, run=run, sample=compiled)
 
-    def autocast(self, device_type: str | torch.device) -> ContextManager:
+    def autocast(self, device_type: str | torch.device) -> contextlib.AbstractContextManager:
         """Context for the network forward: bf16 autocast when on, a no-op otherwise."""
         if not self.bf16:
             return contextlib.nullcontext()
@@ -102,18 +114,20 @@ class FastPath:
 
 @dataclass(frozen=True)
 class PreparedModel:
-    """An eager module and the callable that runs it (the same object unless compiled).
+    """An eager module and the callables that run it (all the same object unless compiled/wrapped).
 
-    Train with ``run`` (it shares ``eager``'s parameters), save and build optimizers with
-    ``eager``: a compiled module's ``state_dict`` keys carry an ``_orig_mod.`` prefix.
+    Train with ``run``, sample with ``sample`` (both share ``eager``'s parameters); save and build
+    optimizers with ``eager``: a compiled module's ``state_dict`` keys carry an ``_orig_mod.``
+    prefix, a DDP module's a ``module.`` prefix.
     """
 
     eager: nn.Module
     run: nn.Module
+    sample: nn.Module
 
     @property
     def compiled(self) -> bool:
-        return self.run is not self.eager
+        return hasattr(self.sample, "_orig_mod")
 
 
 def unwrap(model: nn.Module) -> nn.Module:

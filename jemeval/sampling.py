@@ -19,8 +19,9 @@ and the replay buffer stay fp32. Measurements: benchmarks/README.md.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -35,9 +36,15 @@ BN_MODES = ("eval", "train")
 
 @contextlib.contextmanager
 def frozen(model: nn.Module, *, train: bool | None = None) -> Iterator[nn.Module]:
-    """Freeze parameters (and optionally set train/eval mode); restore both on exit."""
+    """Freeze parameters (and optionally set train/eval mode); restore both on exit.
+
+    With ``train=True`` BatchNorm layers normalise with each batch's own statistics (JEM++'s
+    sampling mode) but their running statistics are restored afterwards: sampling never changes
+    the model a checkpoint or a later evaluation sees.
+    """
     was_training = model.training
     flags = [(p, p.requires_grad) for p in model.parameters()]
+    norm_state = _batchnorm_buffers(model) if train else []
     try:
         for p, _ in flags:
             p.requires_grad_(False)
@@ -47,7 +54,34 @@ def frozen(model: nn.Module, *, train: bool | None = None) -> Iterator[nn.Module
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
+        with torch.no_grad():
+            for buf, saved in norm_state:
+                buf.copy_(saved)
         model.train(was_training)
+
+
+def _batchnorm_buffers(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(buffer, copy) for every running statistic of the model's BatchNorm layers."""
+    saved = []
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            for buf in (module.running_mean, module.running_var, module.num_batches_tracked):
+                if buf is not None:
+                    saved.append((buf, buf.detach().clone()))
+    return saved
+
+
+def last_writer(idx: torch.Tensor, size: int) -> torch.Tensor:
+    """For each position of ``idx``, the position of the LAST occurrence of its index.
+
+    Buffer draws are with replacement, so a batch may name the same slot twice; a plain
+    ``data[idx] = x`` then lets thread timing pick the winner and CPU runs stop being
+    reproducible. Writing ``x[last_writer(idx, size)]`` gives all duplicates the same value.
+    No host synchronisation.
+    """
+    pos = torch.arange(len(idx), device=idx.device)
+    last = torch.full((size,), -1, dtype=torch.long, device=idx.device).scatter_reduce_(0, idx, pos, reduce="amax")
+    return last[idx]
 
 
 def log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +172,7 @@ class SGLD:
         create_graph: bool = False,
         generator: torch.Generator | None = None,
         return_trace: bool = False,
-        fastpath: "FastPath | None" = None,
+        fastpath: FastPath | None = None,
     ):
         """Run the chains from ``x0``; returns the samples (and, with ``return_trace``, the mean
         log p~ before each step and after the last, a tensor of length steps + 1).
@@ -240,13 +274,16 @@ class ReplayBuffer:
         return x0, idx
 
     def push(self, idx: torch.Tensor, x: torch.Tensor) -> None:
-        self.data[idx] = x.detach().to(self.data.device, self.data.dtype)
+        """Write chains back; with duplicate indices the last one wins, deterministically."""
+        idx = idx.to(self.data.device)
+        x = x.detach().to(self.data.device, self.data.dtype)
+        self.data[idx] = x[last_writer(idx, len(self))]
 
     def state_dict(self) -> dict:
         return {"data": self.data, "reinit_freq": self.reinit_freq, "num_classes": self.num_classes}
 
     @classmethod
-    def from_tensor(cls, data: torch.Tensor, *, num_classes=None, reinit_freq=0.05, device="cpu") -> "ReplayBuffer":
+    def from_tensor(cls, data: torch.Tensor, *, num_classes=None, reinit_freq=0.05, device="cpu") -> ReplayBuffer:
         buf = cls.__new__(cls)
         buf.input_shape = tuple(data.shape[1:])
         buf.num_classes = num_classes

@@ -44,8 +44,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ class _Split:
 
 
 #: verdicts of the exactness check, per model object: a split, or None (not splittable)
-_SPLITS: "weakref.WeakKeyDictionary[nn.Module, _Split | None]" = weakref.WeakKeyDictionary()
+_SPLITS: weakref.WeakKeyDictionary[nn.Module, _Split | None] = weakref.WeakKeyDictionary()
 
 
 class _StopForward(Exception):
@@ -190,7 +191,7 @@ class ProximalSGLD:
         steps: int | None = None,
         generator: torch.Generator | None = None,
         return_trace: bool = False,
-        fastpath: "FastPath | None" = None,
+        fastpath: FastPath | None = None,
     ):
         """Run the chains from ``x0`` (``steps`` overrides the outer step count); returns the
         samples and, with ``return_trace``, the mean log p~ before each outer step and after the

@@ -17,10 +17,10 @@ from torch import nn
 from jemeval import distributed as D
 from jemeval.energy import EnergyModel
 from jemeval.errors import JemevalError
-from jemeval.fastpath import joint_logits
+from jemeval.fastpath import FastPath, joint_logits
 from jemeval.sampling import SGLD
 
-N, GLOBAL_BATCH, STEPS, SEED = 16, 8, 3, 7
+N, GLOBAL_BATCH, STEPS, SEED = 24, 8, 3, 7  # 3 steps = one epoch
 
 
 def _model() -> EnergyModel:
@@ -38,15 +38,18 @@ def _data():
 def _train(ctx: D.DistContext) -> torch.Tensor:
     """A few JEM steps on this rank's shard; returns the flattened parameters."""
     model = _model()
-    ddp = ctx.wrap(model)
+    prepared = FastPath().prepare(model, wrap=ctx.wrap)  # DDP for training, the bare module for SGLD
+    ddp = prepared.run
+    assert prepared.sample is model and (ddp is model) == (not ctx.distributed)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
     x, y, starts = _data()
     shard = D.shard_indices(N, ctx.rank, ctx.world_size, SEED, epoch=0)
     b = ctx.per_rank_batch(GLOBAL_BATCH)
     sampler = SGLD(steps=3, step_size=1.0, noise=0.0)
     for step in range(STEPS):
-        idx = shard[step * b:(step + 1) * b] % N  # shards are padded; N is a multiple of the world size here
-        x_q = sampler.sample(ctx.unwrap(ddp), starts[idx])
+        idx = shard[step * b:(step + 1) * b]
+        assert len(idx) == b
+        x_q = sampler.sample(prepared.sample, starts[idx])
         logits_d, logits_q = joint_logits(ddp, x[idx], x_q)
         loss = F.cross_entropy(logits_d, y[idx]) - (logits_d.logsumexp(1).mean() - logits_q.logsumexp(1).mean())
         opt.zero_grad()

@@ -114,3 +114,19 @@ def test_frozen_restores_flags_after_exception():
     except RuntimeError:
         pass
     assert all(p.requires_grad for p in m.parameters()) and not m.training
+
+
+def test_push_with_duplicate_indices_is_deterministic_last_wins():
+    buf = ReplayBuffer(5, (1,), reinit_freq=0.0)
+    idx = torch.tensor([3, 1, 3, 3, 0])
+    x = torch.arange(5, dtype=torch.float32).view(5, 1)
+    buf.push(idx, x)
+    assert buf.data[3].item() == 3.0 and buf.data[1].item() == 1.0 and buf.data[0].item() == 4.0
+
+
+def test_train_mode_sampling_leaves_batchnorm_running_stats_untouched():
+    m = jemeval.create_model("wrn:depth=10,widen=1,norm=batch", 3, (3, 8, 8)).eval()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    SGLD(steps=2, bn_mode="train").sample(m, torch.rand(4, 3, 8, 8) * 2 - 1)
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert not m.training

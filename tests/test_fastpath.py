@@ -111,6 +111,11 @@ def test_compiled_wrapper_is_separate_from_the_eager_module():
     with frozen(prepared.run):  # freezing the wrapper freezes the shared parameters
         assert not any(p.requires_grad for p in m.parameters())
     assert all(p.requires_grad for p in m.parameters())
+    wrapper = nn.Sequential(m)  # stands in for DistributedDataParallel
+    both = FastPath(compile=True).prepare(m, wrap=lambda module: wrapper)
+    assert both.run._orig_mod is wrapper and both.sample._orig_mod is m and both.eager is m
+    plain = FastPath().prepare(m, wrap=lambda module: wrapper)
+    assert plain.run is wrapper and plain.sample is m and not plain.compiled
 
 
 def test_joint_logits_share_one_forward_without_batchnorm():

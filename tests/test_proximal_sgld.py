@@ -70,7 +70,7 @@ def test_affine_first_layer_makes_the_inner_gradient_constant():
     m = create_model("wrn:depth=10,widen=1", 4, (3, 8, 8)).eval()
     assert first_layer(m) is m.net.f.conv1
     x0 = torch.rand(8, 3, 8, 8) * 2 - 1
-    kw = dict(steps=2, inner_steps=3, step_size=20.0, inner_step_size=5.0, noise=0.0)
+    kw = {"steps": 2, "inner_steps": 3, "step_size": 20.0, "inner_step_size": 5.0, "noise": 0.0}
     a = ProximalSGLD(**kw).sample(m, x0)
     b = ProximalSGLD(**kw, recompute_first_layer=False).sample(m, x0)
     assert _SPLITS[m].direct  # conv1 sees x itself: inner steps call conv1 alone

@@ -19,17 +19,22 @@ from jemeval.checkpoints import read_checkpoint
 from jemeval.errors import TrainingDiverged, UsageError
 from jemeval.training import TrainConfig, resolve_config, resume_config, train
 from jemeval.training.augment import Augment, augment_for, parse_augment
-from jemeval.training.divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
+from jemeval.training.divergence import (
+    Adjustments,
+    Divergence,
+    DivergenceMonitor,
+    RecoveryPolicy,
+)
 from jemeval.training.metrics import COLUMNS
 from jemeval.training.objectives import Logits, Weights, jem_loss
 from jemeval.training.schedule import learning_rate
 from jemeval.training.splits import labelled_subset, split_indices
 from jemeval.training.state import capture_rng, restore_rng
 
-# A tiny run: 3 digit classes (~300 training images), batch 32 -> 8 iterations per epoch.
-TINY = dict(dataset="digits[0-2]", arch="cnn:width=8", epochs=2, batch_size=32, lr=2e-3, warmup_iters=4,
-            decay_epochs=(), sgld_steps=2, buffer_size=120, val_size=60, progress=False, test_eval=False,
-            check_every=2)
+# A tiny run: 3 digit classes (343 training images after validation), batch 32 -> 10 iterations per epoch.
+TINY = {"dataset": "digits[0-2]", "arch": "cnn:width=8", "epochs": 2, "batch_size": 32, "lr": 2e-3, "warmup_iters": 4,
+        "decay_epochs": (), "sgld_steps": 2, "buffer_size": 120, "val_size": 60, "progress": False,
+        "test_eval": False, "check_every": 2}
 
 
 def tiny(tmp_path, name="run", **changes) -> TrainConfig:
@@ -102,8 +107,21 @@ def test_augment_matches_per_image_reference():
         augment_for("pad=8", {}, (1, 8, 8))
 
 
+def test_buffer_writes_with_repeated_slots_are_deterministic():
+    from jemeval.training.step import last_writer
+
+    idx = torch.tensor([3, 1, 3, 0, 1, 3])
+    x = torch.arange(6.0)
+    data = torch.full((5,), -1.0)
+    data[idx] = x[last_writer(idx, 5)]
+    expected = torch.full((5,), -1.0)
+    for i, slot in enumerate(idx.tolist()):  # sequential reference: the last write wins
+        expected[slot] = x[i]
+    assert torch.equal(data, expected)
+
+
 def test_learning_rate_warmup_and_step_decay():
-    kw = dict(warmup_iters=10, decay_epochs=(3, 5), decay_rate=0.3)
+    kw = {"warmup_iters": 10, "decay_epochs": (3, 5), "decay_rate": 0.3}
     assert learning_rate(1e-3, 0, 0, **kw) == pytest.approx(1e-4)
     assert learning_rate(1e-3, 9, 0, **kw) == pytest.approx(1e-3)
     assert learning_rate(1e-3, 50, 2, **kw) == pytest.approx(1e-3)
@@ -117,10 +135,10 @@ def test_jem_loss_terms_match_hand_computation():
     y = torch.tensor([0, 1, 2, 3, 1])
     out = Logits(lab=lab, y_lab=y, data=data, sample=q, sample_y=qy, y_sample=y)
     t = jem_loss(out, Weights(pyx=1.0, px=0.5, pxy=2.0, l2=0.1))
-    lse = lambda z: np.log(np.exp(z.numpy()).sum(1))  # noqa: E731
+    lse = lambda z: np.log(np.exp(z.numpy()).sum(1))
     ce = np.mean([-(lab[i, y[i]].item() - lse(lab)[i]) for i in range(5)])
     px = -(lse(data).mean() - lse(q).mean())
-    fy = lambda z: np.array([z[i, y[i]].item() for i in range(5)])  # noqa: E731
+    fy = lambda z: np.array([z[i, y[i]].item() for i in range(5)])
     pxy = -(fy(lab).mean() - fy(qy).mean())
     l2 = (lse(data) ** 2).mean() + (lse(q) ** 2).mean() + (fy(lab) ** 2).mean() + (fy(qy) ** 2).mean()
     assert t["pyx"].item() == pytest.approx(ce, rel=1e-5)
@@ -134,7 +152,7 @@ def test_jem_loss_terms_match_hand_computation():
 
 def test_monitor_detects_each_kind_of_divergence():
     def stats(loss=1.0, energy=5.0, e_data=-2.0, e_sample=-2.5):
-        return {k: torch.tensor(v) for k, v in dict(loss=loss, abs_energy=energy, e_data=e_data, e_sample=e_sample).items()}
+        return {k: torch.tensor(v) for k, v in {"loss": loss, "abs_energy": energy, "e_data": e_data, "e_sample": e_sample}.items()}
 
     m = DivergenceMonitor(max_abs_loss=1e8, max_abs_energy=100.0, energy_gap_band=10.0, gap_patience=2)
     for s in range(5):
@@ -218,7 +236,8 @@ def test_run_writes_checkpoints_metrics_and_grids(tiny_run):
     for epoch in (1, 2):
         for kind in ("buffer", "conditional"):
             png = os.path.join(out, "samples", f"{kind}_epoch{epoch:03d}.png")
-            assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+            with open(png, "rb") as fh:
+                assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     model = jemeval.load_model(summary["best"])  # loads through the public API (weights_only)
     assert model.metadata["config"]["sgld"]["steps"] == 2 and model.metadata["config"]["sigma"] == 0.03
     last = read_checkpoint(summary["last"])
@@ -230,9 +249,10 @@ def test_run_writes_checkpoints_metrics_and_grids(tiny_run):
 
 
 def test_resume_is_exact(tmp_path):
-    full = train(tiny(tmp_path, "full", epochs=2))
-    train(tiny(tmp_path, "half", epochs=1))
-    resumed = train(tiny(tmp_path, "half", epochs=2, resume=True))
+    bigger = {"arch": "cnn:width=16", "batch_size": 64}  # large enough for multi-threaded CPU kernels
+    full = train(tiny(tmp_path, "full", epochs=2, **bigger))
+    train(tiny(tmp_path, "half", epochs=1, **bigger))
+    resumed = train(tiny(tmp_path, "half", epochs=2, resume=True, **bigger))
     a, b = read_checkpoint(full["last"]), read_checkpoint(resumed["last"])
     assert state_equal(a["state_dict"], b["state_dict"])
     assert torch.equal(a["replay_buffer"], b["replay_buffer"])
@@ -324,8 +344,8 @@ def test_cifar_shaped_npz_with_wrn_trains_checkpoints_and_resumes(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "tiny_cifar.npz"
     np.savez(path, x=rng.integers(0, 256, (48, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 48))
-    cfg = dict(arch="wrn:depth=10,widen=2", batch_size=16, sgld_steps=1, buffer_size=40, val_size=8,
-               augment="pad=4,flip=1", progress=False, test_eval=False, grid_every=1)
+    cfg = {"arch": "wrn:depth=10,widen=2", "batch_size": 16, "sgld_steps": 1, "buffer_size": 40, "val_size": 8,
+               "augment": "pad=4,flip=1", "progress": False, "test_eval": False, "grid_every": 1}
     first = train(f"npz:{path}", epochs=1, out=str(tmp_path / "run"), **cfg)
     assert first["steps"] == 2
     model = jemeval.load_model(first["last"])

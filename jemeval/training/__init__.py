@@ -12,11 +12,18 @@ visuals (sample grids), evaluate (accuracy), trainer (the loop, checkpoints, res
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .config import DATASET_DEFAULTS, TrainConfig, dataset_defaults, resolve_config, resume_config
+from .config import (
+    DATASET_DEFAULTS,
+    TrainConfig,
+    dataset_defaults,
+    resolve_config,
+    resume_config,
+)
 
-__all__ = ["train", "TrainConfig", "resolve_config", "resume_config", "dataset_defaults", "DATASET_DEFAULTS", "Trainer"]
+__all__ = ["DATASET_DEFAULTS", "TrainConfig", "Trainer", "dataset_defaults", "resolve_config", "resume_config", "train"]
 
 
 def train(config: TrainConfig | str | None = None, *, on_step: Callable | None = None, **overrides: Any) -> dict:

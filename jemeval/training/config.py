@@ -9,7 +9,7 @@ laptop-sized recipe for the embedded ``digits``), then what the user sets explic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ..errors import UsageError, did_you_mean
@@ -171,18 +171,18 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         if "decay_epochs" in kwargs:
             kwargs["decay_epochs"] = tuple(int(e) for e in kwargs["decay_epochs"])
         return cls(**kwargs)
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)
 
     # -- validation ----------------------------------------------------------------------------
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise :class:`UsageError` (one line) for the first impossible setting."""
         def need(ok: bool, message: str) -> None:
             if not ok:
@@ -232,11 +232,7 @@ class TrainConfig:
 
 def dataset_defaults(dataset: str) -> dict[str, Any]:
     """The defaults for a dataset spec (by its base name); generic small defaults otherwise."""
-    name = parse_spec(dataset).name
-    defaults = dict(DATASET_DEFAULTS.get(name, {}))
-    if name in ("cifar10", "cifar100", "svhn"):
-        defaults["decay_epochs"] = tuple(defaults["decay_epochs"])
-    return defaults
+    return dict(DATASET_DEFAULTS.get(parse_spec(dataset).name, {}))
 
 
 def objective_defaults(objective: str | None) -> dict[str, Any]:

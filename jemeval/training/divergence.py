@@ -88,7 +88,7 @@ class Adjustments:
         return {"lr_scale": self.lr_scale, "sgld_steps": self.sgld_steps, "energy_l2": self.energy_l2, "seed": self.seed}
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Adjustments":
+    def from_dict(cls, d: dict | None) -> Adjustments:
         return cls(**(d or {}))
 
 

@@ -7,7 +7,7 @@ of the counters only, it needs no scheduler state: a resumed run gets exactly th
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def learning_rate(base_lr: float, step: int, epoch: int, *, warmup_iters: int = 0,

@@ -25,6 +25,19 @@ from .augment import Augment
 from .objectives import Logits, Weights, jem_loss
 
 
+def last_writer(idx: torch.Tensor, size: int) -> torch.Tensor:
+    """For each position, the position of the LAST occurrence of its index in ``idx``.
+
+    Buffer draws are with replacement, so a batch may hold the same buffer slot twice; writing
+    ``x[last_writer(idx)]`` gives every duplicate the same value, which makes the scatter into the
+    buffer deterministic (a plain ``data[idx] = x`` with duplicates lets thread timing pick the
+    winner, and CPU runs with two threads stopped being reproducible). No host synchronisation.
+    """
+    pos = torch.arange(len(idx), device=idx.device)
+    last = torch.full((size,), -1, dtype=torch.long, device=idx.device).scatter_reduce_(0, idx, pos, reduce="amax")
+    return last[idx]
+
+
 @dataclass
 class StepOptions:
     sigma: float = 0.0
@@ -78,7 +91,7 @@ class TrainStep:
             x0, idx = self.buffer.sample(n, y, generator=self.generator)
         x = self.sgld.sample(self.forward_model, x0, y, generator=self.generator, fastpath=self.fastpath)
         if idx is not None:
-            self.buffer.push(idx, x)
+            self.buffer.push(idx, x[last_writer(idx, len(self.buffer))])
         self.last_samples = x
         return x
 
@@ -125,5 +138,4 @@ class TrainStep:
         stats = {k: v.detach() for k, v in terms.items()}
         stats["loss"] = loss.detach()
         stats["correct"] = (out.lab.detach().argmax(1) == y_lab).sum()
-        stats["n"] = torch.tensor(n, device=self.device)
         return stats

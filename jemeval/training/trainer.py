@@ -19,15 +19,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..checkpoints import read_checkpoint, save_checkpoint
-from ..fastpath import FastPath
 from ..errors import JemevalError, TrainingDiverged, UsageError
+from ..fastpath import FastPath
 from ..models import create_model
 from ..provenance import provenance
 from ..sampling import ReplayBuffer
@@ -42,7 +43,7 @@ from .splits import prepare_data
 from .state import capture_rng, reseed, restore_rng
 from .step import StepOptions, TrainStep
 
-STAT_KEYS = ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample", "correct", "n")
+STAT_KEYS = ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample", "correct")
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -52,31 +53,34 @@ def _resolve_device(name: str) -> torch.device:
 
 
 class EpochStats:
-    """Running sums of one epoch's iteration statistics, kept on the device."""
+    """Running sums of one epoch's iteration statistics, kept on the device (no per-iteration sync)."""
 
     def __init__(self, device: torch.device, saved: dict | None = None) -> None:
-        self.sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=device)
+        self.sums = torch.zeros(len(STAT_KEYS), dtype=torch.float32, device=device)
         self.iterations = 0
+        self.images = 0  # labelled images seen (a host counter: batch sizes are known)
         self.seconds = 0.0
         if saved:
-            self.sums = torch.tensor([saved["sums"][k] for k in STAT_KEYS], dtype=torch.float64, device=device)
-            self.iterations = int(saved["iterations"])
+            self.sums = torch.tensor([saved["sums"][k] for k in STAT_KEYS], dtype=torch.float32, device=device)
+            self.iterations, self.images = int(saved["iterations"]), int(saved["images"])
             self.seconds = float(saved["seconds"])
 
-    def add(self, stats: dict[str, torch.Tensor]) -> None:
-        self.sums += torch.stack([stats[k].to(torch.float64) for k in STAT_KEYS])
+    def add(self, stats: dict[str, torch.Tensor], images: int) -> None:
+        self.sums += torch.stack([stats[k].float() for k in STAT_KEYS])
         self.iterations += 1
+        self.images += images
 
     def means(self) -> dict[str, float]:
         values = dict(zip(STAT_KEYS, self.sums.cpu().tolist()))
         it = max(self.iterations, 1)
         out = {k: values[k] / it for k in ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample")}
-        out["train_acc"] = values["correct"] / values["n"] if values["n"] else float("nan")
-        out["images"] = values["n"]
+        out["train_acc"] = values["correct"] / self.images if self.images else float("nan")
+        out["images"] = self.images
         return out
 
     def state(self) -> dict:
-        return {"sums": dict(zip(STAT_KEYS, self.sums.cpu().tolist())), "iterations": self.iterations, "seconds": self.seconds}
+        return {"sums": dict(zip(STAT_KEYS, self.sums.cpu().tolist())), "iterations": self.iterations,
+                "images": self.images, "seconds": self.seconds}
 
 
 class Trainer:
@@ -86,7 +90,7 @@ class Trainer:
     :meth:`request_stop`, which behaves exactly like Ctrl-C).
     """
 
-    def __init__(self, config: TrainConfig, *, on_step: Callable[["Trainer"], None] | None = None) -> None:
+    def __init__(self, config: TrainConfig, *, on_step: Callable[[Trainer], None] | None = None) -> None:
         self.config = config.validate()
         self.on_step = on_step
         self.out = Path(self.config.out_dir)
@@ -260,7 +264,7 @@ class Trainer:
         where = f"epoch {self.epoch + 1}, step {div.step}"
         self._log_event(f"diverged at {where}: {div.reason}", step=div.step)
         if attempt > cfg.max_recoveries:
-            self.metrics.add(epoch=self.epoch, step=div.step, event=f"gave up: recovery budget of {cfg.max_recoveries} spent")
+            self.metrics.add(epoch=self.epoch + 1, step=div.step, event=f"gave up: recovery budget of {cfg.max_recoveries} spent")
             self.metrics.write()
             raise TrainingDiverged(
                 f"training diverged at {where} ({div.reason}) and the recovery budget is spent "
@@ -279,7 +283,8 @@ class Trainer:
         self.metrics.write()
 
     def _log_event(self, text: str, *, step: int) -> None:
-        self.metrics.add(epoch=self.epoch, step=step, event=text, lr=self._lr(), sgld_steps=self.sgld.steps)
+        """A metrics row (epoch = the epoch in progress, 1-based) and the same line on stderr."""
+        self.metrics.add(epoch=self.epoch + 1, step=step, event=text, lr=self._lr(), sgld_steps=self.sgld.steps)
         print(f"jemeval train: {text}", file=sys.stderr, flush=True)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -342,7 +347,7 @@ class Trainer:
                     group["lr"] = lr
                 stats = self.train_step(x_lab.to(device, non_blocking=True), y_lab.to(device, non_blocking=True),
                                         x_data, inject=self._injection())
-                self.epoch_stats.add(stats)
+                self.epoch_stats.add(stats, len(y_lab))
                 self.monitor.record(self.step, stats)
                 self.step += 1
                 self.batch = b + 1
