@@ -73,22 +73,38 @@ def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAUL
     return record
 
 
-def fit_temperature(logits: np.ndarray, labels: np.ndarray, *, max_iter: int = 200) -> float:
-    """The temperature T > 0 minimising the NLL of softmax(logits / T) (LBFGS on log T, float64)."""
-    z = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
-    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
-                            line_search_fn="strong_wolfe")
+TEMPERATURE_BOUNDS = (0.05, 20.0)
 
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(z / log_t.exp(), y)
-        loss.backward()
-        return loss
 
-    opt.step(closure)
-    return float(log_t.detach().exp())
+def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The temperature T in ``TEMPERATURE_BOUNDS`` minimising the NLL of softmax(logits / T).
+
+    The NLL is convex in 1/T, so a bounded scalar search (Brent, float64) finds the optimum
+    reliably. The bounds matter: when every validation image is classified correctly the NLL keeps
+    falling as T -> 0 and an unbounded fit returns a degenerate, wildly over-confident T; the
+    caller reports a T at a bound as such.
+    """
+    from scipy.optimize import minimize_scalar
+
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    lo, hi = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
+
+    def nll(log_t: float) -> float:
+        scaled = z / np.exp(log_t)
+        m = scaled.max(axis=1, keepdims=True)
+        log_norm = m[:, 0] + np.log(np.exp(scaled - m).sum(axis=1))
+        return float((log_norm - scaled[np.arange(len(y)), y]).mean())
+
+    best = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10, "maxiter": 1000})
+    # Brent never evaluates the end points themselves; a monotone NLL has its minimum there
+    candidates = [best.x, lo, hi]
+    return float(np.exp(min(candidates, key=nll)))
+
+
+def temperature_at_bound(t: float) -> bool:
+    lo, hi = TEMPERATURE_BOUNDS
+    return t <= lo * 1.001 or t >= hi * 0.999
 
 
 def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
@@ -173,7 +189,14 @@ def calibrate(
         temperature = fit_temperature(val.logits, val.labels)
         scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins)
         records.append({"calibration": "temperature", "temperature": temperature, **scaled})
-        settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"], "optimizer": "LBFGS on log T"}
+        settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"],
+                                  "optimizer": "bounded Brent search on log T", "bounds": list(TEMPERATURE_BOUNDS)}
+        if temperature_at_bound(temperature):
+            notes.append(
+                f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
+                f"{len(val_ds)} validation images are (nearly) all classified correctly, so they cannot "
+                "identify T; do not read the temperature-scaled row as calibrated"
+            )
         if not held_out:
             notes.append(
                 f"T was fitted on {len(val_ds)} random train-split images; if the model was trained on them, "

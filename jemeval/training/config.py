@@ -15,8 +15,10 @@ from typing import Any
 from ..errors import UsageError, did_you_mean
 from ..registry import parse_spec
 from ..sampling import BN_MODES, SGLD
+from ..sampling_proximal import ProximalSGLD
 
 OBJECTIVES = ("jem", "factored")
+SAMPLERS = ("sgld", "proximal")
 OPTIMIZERS = ("adam", "sgd")
 
 #: The JEM release's settings (jem-reference.md section 2): WRN-28-10 without BatchNorm, Adam 1e-4,
@@ -103,6 +105,10 @@ class TrainConfig:
     sgld_lr: float = 1.0
     sgld_std: float = 0.01
     sgld_bn_mode: str = "eval"
+    sampler: str = "sgld"  # sgld (JEM) or proximal (JEM++'s PYLD: sgld_steps outer steps, each + inner_steps)
+    inner_steps: int = 5  # proximal only: first-layer-only steps after each outer step (JEM++: 5)
+    inner_step_size: float = 0.2  # proximal only: the inner steps' multiplier (JEM++'s pyld_lr)
+    inner_grad_clip: float = 1.0  # proximal only: inner gradients clipped to +-this (JEM++'s eps)
     buffer_size: int = 10000
     reinit_freq: float = 0.05
     short_run: bool = False  # non-persistent chains from U(-1, 1) every iteration
@@ -158,7 +164,13 @@ class TrainConfig:
         """Whether training draws SGLD samples at all (false for the plain classifier)."""
         return self.px_weight > 0 or self.pxy_weight > 0
 
-    def sgld(self) -> SGLD:
+    def sgld(self) -> SGLD | ProximalSGLD:
+        """The sampler training uses: JEM's SGLD, or JEM++'s proximal SGLD (``--sampler proximal``,
+        ``sgld_steps`` outer steps of size ``sgld_lr`` with noise ``sgld_std``, clamped to [-1, 1])."""
+        if self.sampler == "proximal":
+            return ProximalSGLD(steps=self.sgld_steps, inner_steps=self.inner_steps, step_size=self.sgld_lr,
+                                inner_step_size=self.inner_step_size, grad_clip=self.inner_grad_clip,
+                                noise=self.sgld_std, bn_mode=self.sgld_bn_mode)
         return SGLD(steps=self.sgld_steps, step_size=self.sgld_lr, noise=self.sgld_std, bn_mode=self.sgld_bn_mode)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,6 +202,12 @@ class TrainConfig:
 
         need(self.objective in OBJECTIVES, f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; choose jem or factored")
         need(self.optimizer in OPTIMIZERS, f"unknown optimizer {self.optimizer!r}{did_you_mean(self.optimizer, OPTIMIZERS)}; choose adam or sgd")
+        need(self.sampler in SAMPLERS, f"unknown sampler {self.sampler!r}{did_you_mean(str(self.sampler), SAMPLERS)}; choose sgld or proximal")
+        need(self.inner_steps >= 0, f"--inner-steps must be >= 0, got {self.inner_steps}")
+        need(self.inner_step_size > 0 and math.isfinite(self.inner_step_size),
+             f"--inner-step-size must be > 0, got {self.inner_step_size}")
+        need(self.inner_grad_clip > 0 and math.isfinite(self.inner_grad_clip),
+             f"--inner-grad-clip must be > 0, got {self.inner_grad_clip}")
         need(self.sgld_bn_mode in BN_MODES, f"SGLD BatchNorm mode must be eval or train, got {self.sgld_bn_mode!r}")
         need(self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}")
         need(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")

@@ -6,7 +6,7 @@ training runs. Nothing here synchronises with the host: the returned statistics 
 Speed notes
 * Data and negatives go through the network in ONE forward pass (concatenated) when the math
   allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them).
-* SGLD is the shared :class:`jemeval.sampling.SGLD`: parameters frozen while sampling, so no
+* SGLD is the shared :class:`jemeval.sampling.SGLD` (or JEM++'s ProximalSGLD): parameters frozen while sampling, so no
   parameter graph is built and no parameter gradient is computed.
 * The replay buffer, the data and every random draw live on the training device.
 * bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.fastpath.FastPath`
@@ -21,6 +21,7 @@ from torch import nn
 
 from ..fastpath import FastPath, has_batchnorm, to_fp32
 from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
+from ..sampling_proximal import ProximalSGLD
 from .augment import Augment
 from .objectives import Logits, Weights, jem_loss
 
@@ -49,12 +50,16 @@ class StepOptions:
 class TrainStep:
     """Callable performing one JEM iteration on a labelled batch (and the p(x) batch)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, sgld: SGLD,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, sgld: SGLD | ProximalSGLD,
                  buffer: ReplayBuffer | None, weights: Weights, num_classes: int, input_shape,
                  augment: Augment, generator: torch.Generator, options: StepOptions,
-                 forward: nn.Module | None = None) -> None:
+                 forward: nn.Module | None = None, sample_forward: nn.Module | None = None) -> None:
+        """``forward`` runs the training pass (compiled and/or DistributedDataParallel-wrapped);
+        ``sample_forward`` is what the sampler calls (never the DDP wrapper: sampling needs no
+        gradient reduction); both default to ``model``."""
         self.model = model
-        self.forward_model = forward if forward is not None else model  # torch.compile'd or the model
+        self.forward_model = forward if forward is not None else model  # torch.compile'd / DDP, or the model
+        self.sample_model = sample_forward if sample_forward is not None else self.forward_model
         self.optimizer = optimizer
         self.sgld = sgld
         self.buffer = buffer
@@ -89,7 +94,7 @@ class TrainStep:
             x0, idx = uniform_like_shape(n, self.input_shape, device=self.device, generator=self.generator), None
         else:
             x0, idx = self.buffer.sample(n, y, generator=self.generator)
-        x = self.sgld.sample(self.forward_model, x0, y, generator=self.generator, fastpath=self.fastpath)
+        x = self.sgld.sample(self.sample_model, x0, y, generator=self.generator, fastpath=self.fastpath)
         if idx is not None:
             self.buffer.push(idx, x[last_writer(idx, len(self.buffer))])
         self.last_samples = x

@@ -9,6 +9,10 @@ A run writes into its folder (``--out``, default runs/DATASET):
 * ``best.pt`` whenever the validation accuracy improves (every epoch without a validation split).
 * ``metrics.csv`` (see :mod:`.metrics`) and ``samples/*.png`` grids (see :mod:`.visuals`).
 
+Under ``torchrun`` (or ``jemeval train --nproc N``) the same loop runs on every rank with
+DistributedDataParallel; :mod:`.parallel` states what changes (global batch, per-rank buffers and
+random streams, rank 0 writes, collective decisions).
+
 Divergence (see :mod:`.divergence`) never crashes the run: it rolls back to ``last.pt``, reseeds,
 and climbs the authors' ladder of remedies, logging each attempt; when ``max_recoveries`` is
 spent it raises :class:`~jemeval.errors.TrainingDiverged` with one line saying what to try.
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .. import distributed as D
 from ..checkpoints import read_checkpoint, save_checkpoint
 from ..errors import JemevalError, TrainingDiverged, UsageError
 from ..fastpath import FastPath
@@ -37,6 +42,7 @@ from .config import TrainConfig, resume_config
 from .divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
 from .evaluate import accuracy
 from .metrics import MetricsLog
+from . import parallel
 from .objectives import Weights
 from .schedule import learning_rate
 from .splits import prepare_data
@@ -70,12 +76,16 @@ class EpochStats:
         self.iterations += 1
         self.images += images
 
-    def means(self) -> dict[str, float]:
-        values = dict(zip(STAT_KEYS, self.sums.cpu().tolist()))
-        it = max(self.iterations, 1)
+    def means(self, *, pooled: bool = False) -> dict[str, float]:
+        """Per-iteration means and the training accuracy; ``pooled`` averages over every rank
+        (a collective under DDP: every rank must call it) and counts every rank's images."""
+        sums, images = parallel.reduce_sums(self.sums, self.images) if pooled else (self.sums, self.images)
+        values = dict(zip(STAT_KEYS, sums.cpu().tolist()))
+        world = D.dist.get_world_size() if pooled and D._active() else 1
+        it = max(self.iterations, 1) * world
         out = {k: values[k] / it for k in ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample")}
-        out["train_acc"] = values["correct"] / self.images if self.images else float("nan")
-        out["images"] = self.images
+        out["train_acc"] = values["correct"] / images if images else float("nan")
+        out["images"] = images
         return out
 
     def state(self) -> dict:
@@ -116,29 +126,37 @@ class Trainer:
             given = {k: v for k, v in asdict(cfg).items() if k != "out"}
             self.config = cfg = resume_config(ckpt["config"], **given, out=cfg.out)
         self.device = _resolve_device(cfg.device)
+        self.ctx = parallel.join(self.device, cfg.batch_size)
+        self._owns_group = self.ctx.distributed
+        if self.ctx.distributed:
+            self.device = self.ctx.device
+        if ckpt is not None:
+            parallel.check_world(ckpt["training_state"].get("world_size"), self.ctx, self.out / "last.pt")
         self.fastpath = FastPath.for_device(self.device, bf16=cfg.bf16, channels_last=cfg.channels_last,
                                             compile=cfg.compile, pin_memory=False)
         self.generator = torch.Generator(device=self.device)
-        reseed(cfg.seed, self.generator)
+        self._reseed(cfg.seed)
 
         self.data = prepare_data(cfg, self.device)
         self.num_classes = self.data.num_classes
         self.input_shape = self.data.input_shape
         self.augment = augment_for(cfg.augment, self.data.info, self.input_shape)
         self.model = create_model(cfg.arch, self.num_classes, self.input_shape, metadata={"dataset": cfg.dataset}).to(self.device)
-        self.forward_model = self.fastpath.prepare(self.model).run  # eager module kept for checkpoints
+        prepared = self.fastpath.prepare(self.model, wrap=self.ctx.wrap)  # eager module kept for checkpoints
+        self.forward_model, self.sample_model = prepared.run, prepared.sample
         self.optimizer = self._make_optimizer()
         self.class_blocks = cfg.pxy_weight > 0 or cfg.class_cond_px
         self.buffer = None
         if cfg.samples and not cfg.short_run:
-            if self.class_blocks and cfg.buffer_size < self.num_classes:
-                raise UsageError(f"--buffer-size {cfg.buffer_size} is smaller than the {self.num_classes} classes; "
-                                 "class-conditional sampling needs at least one buffer image per class")
-            self.buffer = ReplayBuffer(cfg.buffer_size, self.input_shape, num_classes=self.num_classes,
+            share = parallel.buffer_share(cfg.buffer_size, self.ctx)  # each rank keeps buffer_size // world chains
+            if self.class_blocks and share < self.num_classes:
+                raise UsageError(f"--buffer-size {cfg.buffer_size} gives {share} chains per process, fewer than the "
+                                 f"{self.num_classes} classes; class-conditional sampling needs at least one per class")
+            self.buffer = ReplayBuffer(share, self.input_shape, num_classes=self.num_classes,
                                        reinit_freq=cfg.reinit_freq, device=self.device, generator=self.generator)
         self.monitor = DivergenceMonitor(cfg.max_abs_loss, cfg.max_abs_energy, cfg.energy_gap_band, cfg.gap_patience)
         self.policy = RecoveryPolicy(cfg.seed, sampling=cfg.samples)
-        self.metrics = MetricsLog(self.out / "metrics.csv")
+        self.metrics = MetricsLog(self.out / "metrics.csv")  # kept on every rank, written by rank 0
         # counters
         self.epoch = 0  # completed epochs
         self.batch = 0  # iterations done in the current epoch
@@ -164,6 +182,11 @@ class Trainer:
             return torch.optim.Adam(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
+    def _reseed(self, seed: int) -> None:
+        """Seed every generator; under DDP the trainer's generator gets this rank's own stream."""
+        reseed(seed, self.generator)
+        parallel.seed_generator(self.generator, seed, self.ctx)
+
     def _effective(self) -> TrainConfig:
         """The configuration with recovery adjustments applied (what is actually running)."""
         adj = self.adjustments
@@ -182,7 +205,8 @@ class Trainer:
                               fastpath=self.fastpath)
         self.train_step = TrainStep(self.model, self.optimizer, sgld=self.sgld, buffer=self.buffer, weights=weights,
                                     num_classes=self.num_classes, input_shape=self.input_shape, augment=self.augment,
-                                    generator=self.generator, options=options, forward=self.forward_model)
+                                    generator=self.generator, options=options, forward=self.forward_model,
+                                    sample_forward=self.sample_model)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def config_record(self) -> dict[str, Any]:
@@ -195,23 +219,36 @@ class Trainer:
         record["resolved"] = {
             "device": str(self.device), "fastpath": self.fastpath.settings(),
             "augment": self.augment.settings(), "data": self.data.describe(),
+            "world_size": self.ctx.world_size, "backend": self.ctx.backend,
+            "per_rank_batch": self._batches()[1], "per_rank_buffer": None if self.buffer is None else len(self.buffer),
         }
         return record
 
-    def _training_state(self) -> dict[str, Any]:
+    def _rank_state(self) -> dict[str, Any]:
+        """What differs between ranks: data shard position, random streams, unreduced epoch sums."""
         return {
-            "epoch": self.epoch, "batch": self.batch, "step": self.step,
             "perm": None if self.perm is None else self.perm.cpu(),
             "lab_perm": None if self.lab_perm is None else self.lab_perm.cpu(), "lab_pos": self.lab_pos,
+            "rng": capture_rng(self.generator),
+            "epoch_stats": self.epoch_stats.state() if self.batch else None,
+        }
+
+    def _training_state(self) -> dict[str, Any]:
+        """Everything a resume needs (a collective under DDP: every rank's state is gathered)."""
+        mine = self._rank_state()
+        ranks = parallel.gather_objects(mine)
+        return {
+            "epoch": self.epoch, "batch": self.batch, "step": self.step,
+            "world_size": self.ctx.world_size,
+            **mine,  # rank 0's (the whole state in a single process)
+            "ranks": ranks if self.ctx.distributed else None,
             "best_val_acc": self.best_val_acc, "best_epoch": self.best_epoch,
             "recoveries": self.recoveries, "adjustments": self.adjustments.as_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {"kind": "linear warm-up + step decay", "base_lr": self.config.lr,
                           "warmup_iters": self.config.warmup_iters, "decay_epochs": list(self.config.decay_epochs),
                           "decay_rate": self.config.decay_rate, "lr_scale": self.adjustments.lr_scale},
-            "rng": capture_rng(self.generator),
             "metrics": self.metrics.state(),
-            "epoch_stats": self.epoch_stats.state() if self.batch else None,
             "elapsed": self.elapsed,
         }
 
@@ -220,17 +257,35 @@ class Trainer:
         record["training"] = {"epoch": self.epoch, "step": self.step, **training}
         return record
 
+    def _gathered_buffer(self) -> torch.Tensor | None:
+        """The replay buffer to save: every rank's chains in rank order (a collective under DDP)."""
+        return None if self.buffer is None else D.all_gather_cat(self.buffer.data)
+
     def _save_last(self) -> Path:
-        return save_checkpoint(self.out / "last.pt", self.model, dataset=self.config.dataset,
-                               replay_buffer=None if self.buffer is None else self.buffer.data,
-                               training_state=self._training_state(), config=self.config_record(),
-                               provenance=self._provenance(best_val_acc=self.best_val_acc))
+        """Write last.pt (rank 0; every rank joins the gathers, then waits for the file)."""
+        buffer, state = self._gathered_buffer(), self._training_state()
+        path = self.out / "last.pt"
+        if self.ctx.is_main:
+            save_checkpoint(path, self.model, dataset=self.config.dataset, replay_buffer=buffer,
+                            training_state=state, config=self.config_record(),
+                            provenance=self._provenance(best_val_acc=self.best_val_acc))
+        D.barrier()
+        return path
 
     def _save_best(self, val_acc: float | None, train_acc: float) -> Path:
-        return save_checkpoint(self.out / "best.pt", self.model, dataset=self.config.dataset,
-                               replay_buffer=None if self.buffer is None else self.buffer.data,
-                               config=self.config_record(),
-                               provenance=self._provenance(val_acc=val_acc, train_acc=train_acc))
+        """Write best.pt (rank 0; a collective under DDP like :meth:`_save_last`)."""
+        buffer = self._gathered_buffer()
+        path = self.out / "best.pt"
+        if self.ctx.is_main:
+            save_checkpoint(path, self.model, dataset=self.config.dataset, replay_buffer=buffer,
+                            config=self.config_record(),
+                            provenance=self._provenance(val_acc=val_acc, train_acc=train_acc))
+        D.barrier()
+        return path
+
+    def _write_metrics(self) -> None:
+        if self.ctx.is_main:
+            self.metrics.write()
 
     def _restore(self, ckpt: dict, *, keep_history: bool = False) -> None:
         """Load weights, optimizer, buffer, counters and RNG from a checkpoint of this run.
@@ -239,18 +294,21 @@ class Trainer:
         since the checkpoint was written.
         """
         ts = ckpt["training_state"]
+        mine = ts["ranks"][self.ctx.rank] if ts.get("ranks") else ts
         self.model.net.load_state_dict(ckpt["state_dict"])
         self.optimizer.load_state_dict(ts["optimizer"])
         if self.buffer is not None and ckpt.get("replay_buffer") is not None:
-            self.buffer.data.copy_(ckpt["replay_buffer"].to(self.buffer.data.device))
-        restore_rng(ts["rng"], self.generator)
+            share = len(self.buffer)
+            chunk = ckpt["replay_buffer"][self.ctx.rank * share:(self.ctx.rank + 1) * share]
+            self.buffer.data.copy_(chunk.to(self.buffer.data.device))
+        restore_rng(mine["rng"], self.generator)
         self.epoch, self.batch, self.step = int(ts["epoch"]), int(ts["batch"]), int(ts["step"])
-        self.perm = None if ts["perm"] is None else ts["perm"].to(self.generator.device)
-        self.lab_perm = None if ts["lab_perm"] is None else ts["lab_perm"].to(self.generator.device)
-        self.lab_pos = int(ts["lab_pos"])
+        self.perm = None if mine["perm"] is None else mine["perm"].to(self.generator.device)
+        self.lab_perm = None if mine["lab_perm"] is None else mine["lab_perm"].to(self.generator.device)
+        self.lab_pos = int(mine["lab_pos"])
         self.best_val_acc, self.best_epoch = ts["best_val_acc"], ts["best_epoch"]
         self.elapsed = float(ts.get("elapsed", 0.0))
-        self.epoch_stats = EpochStats(self.device, ts.get("epoch_stats"))
+        self.epoch_stats = EpochStats(self.device, mine.get("epoch_stats"))
         if not keep_history:
             self.metrics = MetricsLog(self.metrics.path, ts["metrics"])
             self.recoveries = int(ts["recoveries"])
@@ -265,7 +323,7 @@ class Trainer:
         self._log_event(f"diverged at {where}: {div.reason}", step=div.step)
         if attempt > cfg.max_recoveries:
             self.metrics.add(epoch=self.epoch + 1, step=div.step, event=f"gave up: recovery budget of {cfg.max_recoveries} spent")
-            self.metrics.write()
+            self._write_metrics()
             raise TrainingDiverged(
                 f"training diverged at {where} ({div.reason}) and the recovery budget is spent "
                 f"({cfg.max_recoveries} rollbacks); last good state: {str(self.out / 'last.pt')!r}; try a smaller --lr, "
@@ -275,17 +333,30 @@ class Trainer:
         self._restore(ckpt, keep_history=True)
         self.adjustments, changes = self.policy.apply(attempt, self.adjustments, cfg)
         self.recoveries = attempt
-        reseed(self.adjustments.seed, self.generator)
+        self._reseed(self.adjustments.seed)
         self._build_step()
         self._log_event(f"recovered (attempt {attempt}/{cfg.max_recoveries}): rollback to epoch {self.epoch} "
                         f"(step {self.step}), {', '.join(changes)}", step=self.step)
         self._save_last()
-        self.metrics.write()
+        self._write_metrics()
 
     def _log_event(self, text: str, *, step: int) -> None:
         """A metrics row (epoch = the epoch in progress, 1-based) and the same line on stderr."""
         self.metrics.add(epoch=self.epoch + 1, step=step, event=text, lr=self._lr(), sgld_steps=self.sgld.steps)
-        print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+        if self.ctx.is_main:
+            print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+
+    def _check(self) -> None:
+        """The divergence check, decided by all ranks together: if any rank diverged, all roll back."""
+        try:
+            self.monitor.check()
+            local = None
+        except Divergence as div:
+            local = div
+        if parallel.any_rank(local is not None, self.device) and local is None:
+            local = Divergence("divergence detected on another process", self.step)
+        if local is not None:
+            raise local
 
     # -- the loop ------------------------------------------------------------------------------
     def _lr(self) -> float:
@@ -294,9 +365,11 @@ class Trainer:
                              decay_rate=cfg.decay_rate, scale=self.adjustments.lr_scale)
 
     def _batches(self) -> tuple[int, int]:
+        """(iterations per epoch, this rank's batch): n // global batch iterations, the global
+        batch split evenly over the ranks."""
         n = len(self.data.x)
         bs = min(self.config.batch_size, n)
-        return n // bs, bs
+        return n // bs, bs // self.ctx.world_size
 
     def _next_labelled(self, n: int) -> torch.Tensor:
         """The next ``n`` labelled indices, cycling through seeded permutations of the labelled set."""
@@ -323,6 +396,8 @@ class Trainer:
         from tqdm.auto import tqdm
 
         disable = None if self.config.progress is None else not self.config.progress
+        if not self.ctx.is_main:
+            disable = True
         return tqdm(total=total, initial=self.batch, desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="it",
                     file=sys.stderr, disable=disable, leave=False, dynamic_ncols=True)
 
@@ -330,8 +405,9 @@ class Trainer:
         """One (possibly resumed) epoch; False when stopped by a signal/request."""
         data, device = self.data, self.device
         nb, bs = self._batches()
-        if self.perm is None:
-            self.perm = torch.randperm(len(data.x), generator=self.generator, device=self.generator.device)
+        if self.perm is None:  # the same (seed, epoch) permutation on every rank, dealt out
+            self.perm = D.shard_indices(len(data.x), self.ctx.rank, self.ctx.world_size, self.config.seed,
+                                        self.epoch).to(self.generator.device)
         started = time.perf_counter()
         bar = self._progress(nb)
         try:
@@ -353,28 +429,35 @@ class Trainer:
                 self.batch = b + 1
                 bar.update(1)
                 if self.step % self.config.check_every == 0:
-                    self.monitor.check()
+                    self._check()
                     if not bar.disable:
                         m = self.epoch_stats.means()
                         bar.set_postfix(loss=f"{m['loss']:.3g}", acc=f"{m['train_acc']:.3f}",
                                         E_data=f"{m['e_data']:.3g}", E_q=f"{m['e_sample']:.3g}", refresh=False)
                 if self.on_step is not None:
                     self.on_step(self)
-                if self._stop_reason:
-                    self.monitor.check()  # never save a diverged state
+                if self._stop_requested():
+                    self._check()  # never save a diverged state
                     self.epoch_stats.seconds += time.perf_counter() - started
                     self.elapsed += time.perf_counter() - started
                     return False
-            self.monitor.check()
+            self._check()
         finally:
             bar.close()
         self._end_epoch(started)
         return True
 
+    def _stop_requested(self) -> bool:
+        """A stop request (signal, :meth:`request_stop`) on any rank stops every rank at this iteration."""
+        if self.ctx.distributed:
+            if parallel.any_rank(self._stop_reason is not None, self.device):
+                self._stop_reason = self._stop_reason or "stop requested on another process"
+        return bool(self._stop_reason)
+
     def _end_epoch(self, started: float) -> None:
         """Validation, metrics row, best.pt, grids, last.pt, metrics.csv, one stderr line."""
         cfg = self.config
-        m = self.epoch_stats.means()
+        m = self.epoch_stats.means(pooled=True)
         prior = self.epoch_stats.seconds  # time spent on this epoch before a resume
         train_seconds = prior + (time.perf_counter() - started)
         val_acc = accuracy(self.model, self.data.x_val, self.data.y_val, batch_size=cfg.eval_batch_size,
@@ -388,7 +471,7 @@ class Trainer:
         if improved:
             self.best_val_acc, self.best_epoch = val_acc, self.epoch
             self._save_best(val_acc, m["train_acc"])
-        if cfg.samples and cfg.grid_every and self.epoch % cfg.grid_every == 0:
+        if cfg.samples and cfg.grid_every and self.epoch % cfg.grid_every == 0 and self.ctx.is_main:
             from .visuals import save_epoch_grids
 
             save_epoch_grids(self.out, self.epoch, model=self.model, sgld=self.sgld, buffer=self.buffer,
@@ -403,8 +486,8 @@ class Trainer:
                          lr=lr, sgld_steps=self.sgld.steps if cfg.samples else 0, seconds=seconds,
                          images_per_s=rate, event="")
         self._save_last()
-        self.metrics.write()
-        if cfg.progress is not False:
+        self._write_metrics()
+        if cfg.progress is not False and self.ctx.is_main:
             val = "-" if val_acc is None else f"{100 * val_acc:.1f}%"
             energies = f"  E(data) {m['e_data']:.3g}  E(samples) {m['e_sample']:.3g}" if cfg.samples else ""
             print(f"epoch {self.epoch}/{cfg.epochs}  loss {m['loss']:.4g}  train {100 * m['train_acc']:.1f}%  val {val}"
@@ -431,10 +514,19 @@ class Trainer:
 
     # -- run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self._setup()
+        """Train to ``epochs``; returns the summary (on every rank; files come from rank 0)."""
+        self._owns_group = False
+        try:
+            self._setup()
+            return self._run()
+        finally:
+            if self._owns_group:
+                D.destroy()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.config
         if not cfg.resume:
-            self.metrics.write()
+            self._write_metrics()
             self._save_last()
         previous = self._install_signals()
         status = "completed"
@@ -448,9 +540,10 @@ class Trainer:
                 if not finished:
                     status = "interrupted"
                     self._save_last()
-                    self.metrics.write()
-                    print(f"jemeval train: stopped ({self._stop_reason}) at epoch {self.epoch + 1}, step {self.step}; "
-                          f"saved {self.out / 'last.pt'}; continue with --resume", file=sys.stderr, flush=True)
+                    self._write_metrics()
+                    if self.ctx.is_main:
+                        print(f"jemeval train: stopped ({self._stop_reason}) at epoch {self.epoch + 1}, step {self.step}; "
+                              f"saved {self.out / 'last.pt'}; continue with --resume", file=sys.stderr, flush=True)
                     break
         finally:
             for sig, handler in previous.items():
@@ -462,7 +555,7 @@ class Trainer:
         epoch_rows = [r for r in self.metrics.rows if not r.get("event")]
         last = epoch_rows[-1] if epoch_rows else {}
         test_acc, note = None, None
-        if status == "completed" and cfg.test_eval and (self.out / "best.pt").exists():
+        if status == "completed" and cfg.test_eval and self.ctx.is_main and (self.out / "best.pt").exists():
             test_acc, note = self._test_accuracy()
         rates = [r["images_per_s"] for r in epoch_rows if r.get("images_per_s")]
         return {
@@ -482,6 +575,7 @@ class Trainer:
             "test_acc": test_acc,
             "test_note": note,
             "recoveries": self.recoveries,
+            "world_size": self.ctx.world_size,
             "seconds": self.elapsed,
             "images_per_s": sum(rates) / len(rates) if rates else None,
             "config": self.config_record(),

@@ -3,10 +3,16 @@
 Unset options keep the dataset's defaults (``jemeval.training.config.DATASET_DEFAULTS``): the
 paper's settings for cifar10/cifar100/svhn, a laptop recipe for digits. With ``--resume`` the
 stored configuration of DIR/last.pt is used; only --epochs, --device and output options may change.
+
+Several processes (DistributedDataParallel): ``torchrun --nproc-per-node N -m jemeval train ...``,
+or ``jemeval train --nproc N ...``, which re-launches itself through ``torch.distributed.run`` with N
+processes on this machine (``--batch-size`` stays the global batch; see docs/training.md).
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import click
@@ -41,14 +47,19 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
 @click.option("--sgld-steps", type=int, help="SGLD steps per iteration [default: 20; digits 10].")
 @click.option("--sgld-lr", type=float, help="SGLD step size alpha [default: 1.0].")
 @click.option("--sgld-std", type=float, help="SGLD noise std [default: 0.01].")
-@click.option("--buffer-size", type=int, help="Replay buffer size [default: 10000; digits 1000].")
+@click.option("--sampler", type=click.Choice(["sgld", "proximal"]), help="sgld (JEM) or proximal (JEM++'s proximal "
+              "SGLD: --sgld-steps outer steps, each followed by --inner-steps first-layer steps) [default: sgld].")
+@click.option("--inner-steps", type=int, help="Proximal sampler: inner steps per outer step [default: 5].")
+@click.option("--inner-step-size", type=float, help="Proximal sampler: inner step size (JEM++'s pyld_lr) [default: 0.2].")
+@click.option("--inner-grad-clip", type=float, help="Proximal sampler: inner gradient clip (JEM++'s eps) [default: 1.0].")
+@click.option("--buffer-size", type=int, help="Replay buffer size, over all processes [default: 10000; digits 1000].")
 @click.option("--reinit-freq", type=float, help="Probability of restarting a chain from U(-1, 1) [default: 0.05].")
 @click.option("--short-run", is_flag=True, default=None, help="Non-persistent chains from U(-1, 1) every iteration (no buffer).")
 @click.option("--sigma", type=float, help="Gaussian noise std added to training inputs [default: 0.03].")
 @click.option("--augment", help="auto (the dataset's recipe: CIFAR pad 4 + crop + flip, SVHN no flip), none, or 'pad=4,flip=1'.")
 @click.option("--labels-per-class", type=int, help="Semi-supervised: keep K labels per class (p(x) sees every image).")
 @click.option("--val-size", type=int, help="Validation images held out with a fixed seed [default: 5000; digits 150].")
-@click.option("--batch-size", type=int, help="Batch size [default: 64].")
+@click.option("--batch-size", type=int, help="Global batch size (split evenly over --nproc processes) [default: 64].")
 @click.option("--lr", type=float, help="Learning rate [default: 1e-4; digits 3e-3].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), help="Optimizer [default: adam].")
 @click.option("--momentum", type=float, help="SGD momentum [default: 0.9].")
@@ -61,11 +72,13 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
 @click.option("--channels-last/--no-channels-last", default=None, help="channels_last memory format [default: on for CUDA].")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the network [default: on for CUDA, off on CPU].")
 @click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its last.pt, exactly.")
+@click.option("--nproc", type=int, help="Train with N processes on this machine (DistributedDataParallel, "
+              "gloo on CPU / nccl on CUDA), re-launched through torchrun.")
 @click.option("--no-progress", is_flag=True, help="No progress bar and no per-epoch lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @data_options
 @click.pass_context
-def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, **params):
+def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **params):
     """Train a JEM on DATASET (digits, cifar10, svhn, npz:FILE, digits[0-4], ...).
 
     \b
@@ -76,6 +89,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, **params):
       jemeval train digits --px-weight 0 --out runs/digits-baseline
       jemeval train cifar10 --download              # the paper's settings (WRN-28-10, GPU)
       jemeval train digits --arch igebm --objective factored
+      jemeval train digits --nproc 2                # DDP, 2 processes (or: torchrun --nproc-per-node 2 -m jemeval train digits)
     """
     from ...training import resolve_config, resume_config, train
 
@@ -90,7 +104,12 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, **params):
         config = _resume(dataset, given, resume_config)
     else:
         config = resolve_config(dataset, **given)
+    if nproc is not None and not _launched_by_torchrun(nproc):
+        _check_launch(config, nproc)
+        sys.exit(_relaunch(nproc))
     summary = train(config)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        sys.exit(130 if summary["status"] == "interrupted" else 0)
     if as_json:
         click.echo(json.dumps(_plain(summary), indent=2))
     else:
@@ -114,6 +133,72 @@ def _resume(dataset: str, given: dict, resume_config) -> object:
     if stored.get("dataset") not in (None, dataset):
         raise UsageError(f"--resume: {str(path)!r} is a run on {stored.get('dataset')!r}, not {dataset!r}")
     return resume_config(stored, **{**given, "out": str(out)})
+
+
+def _launched_by_torchrun(nproc: int) -> bool:
+    """True inside a torchrun worker (then --nproc must agree with its WORLD_SIZE)."""
+    from ...errors import UsageError
+
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        if nproc < 1:
+            raise UsageError(f"--nproc must be >= 1, got {nproc}")
+        return False
+    if int(world) != nproc:
+        raise UsageError(f"--nproc {nproc} disagrees with the launcher's WORLD_SIZE={world}: drop --nproc under torchrun")
+    return True
+
+
+def _check_launch(config, nproc: int) -> None:
+    """The one-line errors a worker would hit, raised before any process starts."""
+    from pathlib import Path
+
+    from ...checkpoints import read_checkpoint
+    from ...distributed import DistContext
+    from ...training.parallel import buffer_share, check_world
+
+    fake = DistContext(world_size=nproc)
+    if config.batch_size % nproc:
+        from ...errors import UsageError
+
+        raise UsageError(f"--batch-size {config.batch_size} is the global batch and must be divisible by the "
+                         f"{nproc} processes: use a multiple of {nproc}")
+    if config.samples and not config.short_run:
+        buffer_share(config.buffer_size, fake)
+    if config.resume:
+        path = Path(config.out_dir) / "last.pt"
+        check_world(read_checkpoint(path)["training_state"].get("world_size"), fake, path)
+
+
+def _relaunch(nproc: int) -> int:
+    """Run this same command line under ``torch.distributed.run`` with ``nproc`` local processes."""
+    args = _without_nproc(sys.argv[1:])
+    if "train" not in args:
+        from ...errors import UsageError
+
+        raise UsageError("--nproc re-launches the command line and needs it: use "
+                         f"torchrun --nproc-per-node {nproc} -m jemeval train ... instead")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "jemeval", *args]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:  # the workers got the signal too: they save last.pt and stop
+        return 130
+
+
+def _without_nproc(args: list[str]) -> list[str]:
+    """``args`` with ``--nproc N`` / ``--nproc=N`` removed."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
 
 
 def _plain(obj):

@@ -1,0 +1,98 @@
+"""What the trainer does differently under ``torchrun`` (DistributedDataParallel), in one place.
+
+The semantics (docs/training.md, "Several processes"):
+
+* ``--batch-size`` is the GLOBAL batch: each of the W ranks trains on batch_size / W images per
+  iteration; DDP averages the gradients, so one optimizer step sees the same global batch as a
+  single process (it must divide evenly).
+* The epoch's order depends only on (seed, epoch) (:func:`jemeval.distributed.shard_indices`), the
+  same permutation on every rank, dealt out: the union of the ranks' b-th batches is exactly the
+  single-process run's b-th batch.
+* Each rank keeps its own replay buffer of buffer_size // W chains and its own random stream
+  (:func:`jemeval.distributed.rank_generator`): SGLD noise, buffer draws, augmentation and sigma
+  noise differ between ranks (and from a single process).
+* Metrics are averaged over ranks; rank 0 alone writes files and prints. Checkpoints hold the
+  gathered buffer (rank order), every rank's random state and the world size, so a resume with the
+  same number of processes continues exactly; another number is refused.
+* Collective decisions (divergence, stop requests) are agreed on by all ranks so none hangs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import distributed as D
+from ..errors import JemevalError, UsageError
+
+
+def join(device: torch.device, global_batch: int) -> D.DistContext:
+    """The launch's :class:`~jemeval.distributed.DistContext` (gloo on CPU, nccl on CUDA).
+
+    A single process (no torchrun variables, or WORLD_SIZE=1) joins nothing.
+    """
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        ctx = D.init_from_env(backend=backend)
+    except JemevalError as exc:
+        raise UsageError(str(exc)) from None
+    if ctx.distributed and global_batch % ctx.world_size:
+        m = ctx.world_size
+        raise UsageError(f"--batch-size {global_batch} is the global batch and must be divisible by the "
+                         f"{m} processes: use a multiple of {m}, e.g. {max(m, global_batch - global_batch % m)}")
+    return ctx
+
+
+def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
+    """Refuse to resume a run written by a different number of processes (one line)."""
+    saved = 1 if saved is None else int(saved)
+    if saved != ctx.world_size:
+        raise UsageError(
+            f"--resume: {str(path)!r} was written by {saved} process(es) but this run has {ctx.world_size}: "
+            f"resume with --nproc {saved} (or torchrun --nproc-per-node {saved}); data shards, random streams "
+            "and replay buffers are per process")
+
+
+def seed_generator(generator: torch.Generator, seed: int, ctx: D.DistContext) -> None:
+    """Seed this rank's stream: ``seed`` itself in a single process, an independent stream per rank otherwise."""
+    if ctx.distributed:
+        generator.set_state(D.rank_generator(seed, ctx.rank, generator.device).get_state())
+    else:
+        generator.manual_seed(seed)
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True when ``flag`` holds on at least one rank (a collective; the flag itself in a single process)."""
+    if not D._active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order (a collective; ``[obj]`` in a single process)."""
+    if not D._active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def reduce_sums(sums: torch.Tensor, images: int) -> tuple[torch.Tensor, int]:
+    """(statistics summed over ranks, images over ranks): the ranks' epoch sums pooled."""
+    if not D._active():
+        return sums, images
+    world = dist.get_world_size()
+    pooled = D.all_reduce_mean(torch.cat([sums.float(), sums.new_tensor([float(images)])]))
+    return pooled[:-1] * world, int(round(float(pooled[-1]) * world))
+
+
+def buffer_share(buffer_size: int, ctx: D.DistContext) -> int:
+    """Chains kept by each rank: buffer_size // world (a clear error when that is none)."""
+    share = buffer_size // ctx.world_size
+    if share < 1:
+        raise UsageError(f"--buffer-size {buffer_size} leaves no chains for each of {ctx.world_size} processes: "
+                         f"use at least {ctx.world_size}")
+    return share
