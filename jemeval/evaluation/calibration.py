@@ -191,7 +191,7 @@ def calibrate(
         records.append({"calibration": "temperature", "temperature": temperature, **scaled})
         settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"],
                                   "optimizer": "bounded Brent search on log T", "bounds": list(TEMPERATURE_BOUNDS)}
-        if temperature_at_bound(temperature):
+        if temperature_at_bound(temperature) or bool((val.logits.argmax(1) == val.labels).all()):
             notes.append(
                 f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
                 f"{len(val_ds)} validation images are (nearly) all classified correctly, so they cannot "
