@@ -23,10 +23,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, _final_mode(target))  # mkstemp makes 0600 files; keep ordinary permissions
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _final_mode(target: Path) -> int:
+    """The existing file's mode, else what ``open()`` would create under the current umask."""
+    try:
+        return target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
