@@ -42,11 +42,30 @@ DEFAULT_STEP_SIZE = 1.0
 DEFAULT_NOISE = 0.01
 
 
+def trained_sampler(model: nn.Module) -> str | None:
+    """The sampler recorded in ``metadata["config"]["sgld"]["sampler"]`` when training did not use
+    plain SGLD (``"proximal-sgld"`` for ``jemeval train --sampler proximal``), else None."""
+    config = (getattr(model, "metadata", None) or {}).get("config") or {}
+    cfg = config.get("sgld") if isinstance(config, dict) else None
+    name = cfg.get("sampler") if isinstance(cfg, dict) else None
+    return str(name) if name and name != "sgld" else None
+
+
+def sampler_note(model: nn.Module) -> str | None:
+    """What evaluation records when training used another sampler (None for plain SGLD)."""
+    name = trained_sampler(model)
+    if name is None:
+        return None
+    return (f"trained with {name}; evaluation samples with plain SGLD using the recorded step size, noise, "
+            "clamp and BatchNorm mode (the sampler's other settings are not used)")
+
+
 def sgld_from_config(model: nn.Module, steps: int) -> SGLD:
     """The SGLD a model was trained with (``metadata["config"]["sgld"]``), else JEM's defaults.
 
     Accepts the sampler's own field names (``step_size``, ``noise``, ``clamp``, ``bn_mode``) and
-    the training options' names (``lr``/``sgld_lr``, ``std``/``sgld_std``).
+    the training options' names (``lr``/``sgld_lr``, ``std``/``sgld_std``). Other keys (e.g. the
+    proximal sampler's ``inner_steps``, see :func:`sampler_note`) are ignored: this is plain SGLD.
     """
     metadata = getattr(model, "metadata", None) or {}
     config = metadata.get("config") or {}
@@ -165,6 +184,7 @@ class RefinedClassifier(nn.Module):
             "eot_samples": self.eot_samples,
             "checkpoint": self.checkpoint,
             "sgld": self.sgld.settings(),
+            **({"sgld_note": note} if (note := sampler_note(self.model)) else {}),
         }
 
     def extra_repr(self) -> str:

@@ -278,7 +278,8 @@ def test_sigterm_mid_epoch_saves_last_pt_and_resume_is_exact(tmp_path):
 
 
 def test_forced_divergence_is_rolled_back_and_logged(tmp_path, capsys):
-    cfg = tiny(tmp_path, epochs=2, inject_divergence={"step": 11, "kind": "energy"})
+    # x1e6 samples give |E| ~ 1e5 for this tiny net: a threshold of 1e4 leaves a wide margin
+    cfg = tiny(tmp_path, epochs=2, max_abs_energy=1e4, inject_divergence={"step": 11, "kind": "energy"})
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["recoveries"] == 1 and summary["epochs"] == 2
     df = pd.read_csv(summary["metrics"])
@@ -422,3 +423,36 @@ def test_shared_fixtures_jem_beats_baseline_on_log_px_auroc(digits_jem_ckpt, dig
     cfg = jemeval.load_model(digits_jem_ckpt).metadata["config"]
     assert cfg["sgld"]["steps"] == 5 and cfg["sigma"] == 0.03
     assert jemeval.load_model(digits_baseline_ckpt).metadata["config"]["sampling"] is False
+
+
+def test_proximal_sampler_trains_and_its_checkpoint_samples_and_refines(tmp_path):
+    from jemeval.cli import cli
+    from jemeval.refinement import RefinedClassifier, sgld_from_config
+
+    out = tmp_path / "prox"
+    args = ["train", "digits[0-2]", "--arch", "cnn:width=8", "--epochs", "1", "--batch-size", "32", "--sgld-steps", "2",
+            "--buffer-size", "120", "--val-size", "60", "--sampler", "proximal", "--inner-steps", "2",
+            "--inner-step-size", "0.1", "--no-progress", "--out", str(out), "--json"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "completed" and summary["recoveries"] == 0
+    recorded = read_checkpoint(out / "best.pt")["config"]["sgld"]
+    assert recorded["sampler"] == "proximal-sgld" and recorded["inner_steps"] == 2 and recorded["steps"] == 2
+    assert recorded["inner_step_size"] == 0.1 and recorded["clamp"] == [-1.0, 1.0]
+    rows = pd.read_csv(out / "metrics.csv")
+    assert np.isfinite(rows["loss"]).all() and (rows["sgld_steps"] == 2).all()
+    # evaluation keeps plain SGLD with the recorded step size / noise / clamp, and says so
+    model = jemeval.load_model(out / "best.pt")
+    sgld = sgld_from_config(model, 3)
+    assert (sgld.steps, sgld.step_size, sgld.noise, sgld.clamp) == (3, 1.0, 0.01, (-1.0, 1.0))
+    refined = RefinedClassifier(model, 2, chains=1, sigma=0.0)
+    assert refined(torch.zeros(2, *model.input_shape)).shape == (2, model.num_classes)
+    assert "trained with proximal-sgld" in refined.settings()["sgld_note"]
+    res = CliRunner().invoke(cli, ["sample", "--model", str(out / "best.pt"), "--n", "4", "--steps", "2", "--device",
+                                   "cpu", "--out", str(tmp_path / "g.png"), "--json"])
+    assert res.exit_code == 0, res.output
+    settings = json.loads(res.stdout)["settings"]
+    assert "proximal-sgld" in settings["sgld_defaults_from"] and "sampler" not in settings["sgld"]
+    with pytest.raises(UsageError, match="unknown sampler"):
+        tiny(tmp_path, sampler="pyld")

@@ -130,6 +130,9 @@ def sgld_for(model: EnergyModel, *, steps: int | None = None, step_size: float |
     """
     config = (model.metadata.get("config") or {}).get("sgld") or {}
     source = "checkpoint config" if config else "JEM release defaults"
+    if config.get("sampler") not in (None, "sgld"):  # e.g. proximal-sgld: only the plain-SGLD keys are used
+        source += (f" (trained with {config['sampler']}; sampling uses plain SGLD with its step size, noise, "
+                   "clamp and BatchNorm mode)")
     base = {**JEM_SGLD, **{k: config[k] for k in JEM_SGLD if config.get(k) is not None}}
     given = {"step_size": step_size, "noise": noise, "clamp": clamp, "bn_mode": bn_mode}
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}

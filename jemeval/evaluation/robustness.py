@@ -32,7 +32,7 @@ from ..energy import EnergyModel
 from ..errors import JemevalError, UsageError
 from ..interfaces import NORMS, pixel_to_model_scale
 from ..provenance import provenance
-from ..refinement import GRAD_MODES, RefinedClassifier, sgld_from_config
+from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note, sgld_from_config
 from ..results import Result
 from ..sampling import frozen
 
@@ -339,6 +339,7 @@ def robust(
         "norm": norm, "epsilons": eps, "epsilon_units": "pixel units in [0, 1] (model space = 2 x epsilon)",
         "refine_steps": ks, "grad_modes": modes, "chains": chains, "sigma": sigma, "eot_samples": eot_samples,
         "gradient_checkpointing": checkpoint, "sgld": {k: v for k, v in base_sgld.settings().items() if k != "steps"},
+        "sgld_note": sampler_note(model),
         "attacks": attack_settings, "data": str(data), "split": "test", "n": len(x), "subset_seed": seed,
         "batch_size": batch_size,
         "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",

@@ -86,7 +86,7 @@ def reduce_sums(sums: torch.Tensor, images: int) -> tuple[torch.Tensor, int]:
         return sums, images
     world = dist.get_world_size()
     pooled = D.all_reduce_mean(torch.cat([sums.float(), sums.new_tensor([float(images)])]))
-    return pooled[:-1] * world, int(round(float(pooled[-1]) * world))
+    return pooled[:-1] * world, round(float(pooled[-1]) * world)
 
 
 def buffer_share(buffer_size: int, ctx: D.DistContext) -> int:

@@ -37,12 +37,12 @@ from ..fastpath import FastPath
 from ..models import create_model
 from ..provenance import provenance
 from ..sampling import ReplayBuffer
+from . import parallel
 from .augment import augment_for
 from .config import TrainConfig, resume_config
 from .divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
 from .evaluate import accuracy
 from .metrics import MetricsLog
-from . import parallel
 from .objectives import Weights
 from .schedule import learning_rate
 from .splits import prepare_data
@@ -449,9 +449,8 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         """A stop request (signal, :meth:`request_stop`) on any rank stops every rank at this iteration."""
-        if self.ctx.distributed:
-            if parallel.any_rank(self._stop_reason is not None, self.device):
-                self._stop_reason = self._stop_reason or "stop requested on another process"
+        if self.ctx.distributed and parallel.any_rank(self._stop_reason is not None, self.device):
+            self._stop_reason = self._stop_reason or "stop requested on another process"
         return bool(self._stop_reason)
 
     def _end_epoch(self, started: float) -> None:
