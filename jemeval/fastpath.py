@@ -14,8 +14,8 @@ passes), so speed comes from making each pass cheaper and from not doing passes 
   ``state_dict`` keys use the eager module, so compiled and eager runs write identical files.
 * ``pin_memory``: page-locked host batches copied with ``non_blocking=True``.
 
-:meth:`FastPath.for_device` turns everything on for CUDA and off for CPU (each switch can be
-overridden): on CPU, bf16 is fast only on CPUs with AVX512-BF16/AMX and changes results slightly,
+:meth:`FastPath.for_device` turns everything on for CUDA and only channels_last on for CPU (each
+switch can be overridden): on CPU, bf16 is fast only on CPUs with AVX512-BF16/AMX and changes results slightly,
 and ``torch.compile`` costs tens of seconds to start and was *slower* than eager for WRN on CPU
 (see benchmarks/README.md). Nothing here synchronises the host with the device.
 """
@@ -52,14 +52,16 @@ class FastPath:
 
     @classmethod
     def for_device(cls, device: torch.device | str, **overrides: Any) -> FastPath:
-        """All switches on for CUDA, off for CPU; ``overrides`` (None = keep the default) win.
+        """All switches on for CUDA; on CPU only ``channels_last`` (8-29% faster conv passes in
+        benchmarks/, rounding-level differences); ``overrides`` (None = keep the default) win.
 
-        On a CUDA device without bf16 support (pre-Ampere) ``bf16`` defaults to off.
+        On a CUDA device without bf16 support (pre-Ampere) ``bf16`` defaults to off. bf16 stays
+        off on CPU (fast only with native bf16 units) and compile too (slow start, no gain).
         """
         device = torch.device(device)
         on = device.type == "cuda"
         bf16_ok = on and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        base = cls(bf16=bf16_ok, channels_last=on, compile=on, pin_memory=on)
+        base = cls(bf16=bf16_ok, channels_last=True, compile=on, pin_memory=on)
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown fast-path switch(es): {sorted(unknown)}")

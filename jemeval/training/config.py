@@ -136,7 +136,7 @@ class TrainConfig:
     energy_gap_band: float = 1e3  # |mean E(samples) - mean E(data)| must stay inside this band ...
     gap_patience: int = 20  # ... except for at most this many consecutive iterations
     check_every: int = 10  # iterations between divergence checks / progress updates (one host sync)
-    # speed switches (jemeval.fastpath.FastPath; None = automatic: on for CUDA, off on CPU)
+    # speed switches (jemeval.fastpath.FastPath; None = automatic: on for CUDA; channels_last only on CPU)
     bf16: bool | None = None
     channels_last: bool | None = None
     compile: bool | None = None

@@ -10,7 +10,7 @@ Speed notes
   parameter graph is built and no parameter gradient is computed.
 * The replay buffer, the data and every random draw live on the training device.
 * bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.fastpath.FastPath`
-  (on for CUDA, off on CPU by default); SGLD arithmetic, the buffer and the losses stay fp32.
+  (on for CUDA; only channels_last on CPU by default); SGLD arithmetic, the buffer and the losses stay fp32.
 """
 from __future__ import annotations
 
