@@ -108,7 +108,7 @@ def test_augment_matches_per_image_reference():
 
 
 def test_buffer_writes_with_repeated_slots_are_deterministic():
-    from jemeval.training.step import last_writer
+    from jemeval.sampling import last_writer
 
     idx = torch.tensor([3, 1, 3, 0, 1, 3])
     x = torch.arange(6.0)

@@ -26,19 +26,6 @@ from .augment import Augment
 from .objectives import Logits, Weights, jem_loss
 
 
-def last_writer(idx: torch.Tensor, size: int) -> torch.Tensor:
-    """For each position, the position of the LAST occurrence of its index in ``idx``.
-
-    Buffer draws are with replacement, so a batch may hold the same buffer slot twice; writing
-    ``x[last_writer(idx)]`` gives every duplicate the same value, which makes the scatter into the
-    buffer deterministic (a plain ``data[idx] = x`` with duplicates lets thread timing pick the
-    winner, and CPU runs with two threads stopped being reproducible). No host synchronisation.
-    """
-    pos = torch.arange(len(idx), device=idx.device)
-    last = torch.full((size,), -1, dtype=torch.long, device=idx.device).scatter_reduce_(0, idx, pos, reduce="amax")
-    return last[idx]
-
-
 @dataclass
 class StepOptions:
     sigma: float = 0.0
@@ -96,7 +83,7 @@ class TrainStep:
             x0, idx = self.buffer.sample(n, y, generator=self.generator)
         x = self.sgld.sample(self.sample_model, x0, y, generator=self.generator, fastpath=self.fastpath)
         if idx is not None:
-            self.buffer.push(idx, x[last_writer(idx, len(self.buffer))])
+            self.buffer.push(idx, x)  # duplicate slots: the last write wins, deterministically
         self.last_samples = x
         return x
 
