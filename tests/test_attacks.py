@@ -15,15 +15,6 @@ from jemeval.evaluation import attacks
 from jemeval.evaluation.robustness import robust
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread, especially on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def clf(digits_classifier_ckpt):
     return jemeval.load_model(digits_classifier_ckpt).eval()

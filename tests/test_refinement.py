@@ -10,15 +10,6 @@ from jemeval.refinement import RefinedClassifier, sgld_from_config
 from jemeval.sampling import SGLD
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread, especially on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_model():
     torch.manual_seed(0)

@@ -19,14 +19,6 @@ from jemeval.evaluation.robustness import distortion_curve, robust, sanity_check
 CONTRACT_KEYS = {"attack", "norm", "epsilon", "refine_steps", "robust_accuracy", "clean_accuracy", "n"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def ckpt(request, digits_classifier_ckpt):
     """The digits JEM when the suite provides one, else the plain classifier."""

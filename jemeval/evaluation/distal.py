@@ -21,6 +21,7 @@ from ..provenance import provenance
 from ..refinement import RefinedClassifier, sgld_from_config
 from ..results import Result
 from ..sampling import frozen, uniform_like_shape
+from .batching import prepare_model
 
 
 def distal(
@@ -48,14 +49,8 @@ def distal(
     """
     from tqdm.auto import tqdm
 
-    from ..checkpoints import load_model
-
     device = torch.device(device)
-    checkpoint_path = None
-    if not isinstance(model, torch.nn.Module):
-        checkpoint_path = str(model)
-        model = load_model(model, device=device)
-    model = model.to(device).eval()
+    model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
     targets = [targets] if isinstance(targets, int) else [int(t) for t in targets]
     if not targets:
         raise UsageError("no --target given; pass a class index such as --target 3")
@@ -112,7 +107,7 @@ def distal(
                 "confidence": "re-measured with fresh chains (generator seed + 1)"}
     result = Result(
         records=records,
-        provenance=provenance(command="distal", model=model, checkpoint=checkpoint_path, device=device, seed=seed,
+        provenance=provenance(command="distal", model=model, device=device, seed=seed,
                               settings=settings),
         extra={"confidences": conf.tolist(), "targets_per_image": y.tolist(),
                "mean_confidence_trace": torch.stack(trace).tolist() if trace else []},

@@ -35,6 +35,7 @@ from ..provenance import provenance
 from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note, sgld_from_config
 from ..results import Result
 from ..sampling import frozen
+from .batching import prepare_model
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
 #: (almost) always fooled: a sanity check of the attack, not a realistic threat model.
@@ -206,7 +207,6 @@ def robust(
     """
     from tqdm.auto import tqdm
 
-    from ..checkpoints import load_model
     from ..data import input_shape_of, load_dataset, subsample, to_arrays
 
     norm = str(norm).lower()
@@ -226,11 +226,7 @@ def robust(
     if int(batch_size) < 1:
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
     device = torch.device(device)
-    checkpoint_path = None
-    if not isinstance(model, torch.nn.Module):
-        checkpoint_path = str(model)
-        model = load_model(model, device=device)
-    model = model.to(device).eval()
+    model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
 
     data = data or model.metadata.get("dataset")
     if not data:
@@ -348,7 +344,7 @@ def robust(
     }
     result = Result(
         records=records,
-        provenance=provenance(command="robust", model=model, checkpoint=checkpoint_path, device=device,
+        provenance=provenance(command="robust", model=model, device=device,
                               seed=seed, settings=settings),
         extra={"checks": checks, "minimal_perturbations": min_perturbations},
         notes=notes,
