@@ -32,23 +32,11 @@ import torch
 from torch import nn
 
 from .errors import UsageError
-from .sampling import SGLD, frozen, input_grad
+from .sampling import SGLD, frozen, input_grad, recorded_sgld, trained_sampler
 
 GRAD_MODES = ("full", "bpda", "eot")
 #: refinement with at least this many steps uses gradient checkpointing when ``checkpoint=None``
 AUTO_CHECKPOINT_STEPS = 5
-#: SGLD step size and noise when neither the caller nor the checkpoint's config gives them (JEM's)
-DEFAULT_STEP_SIZE = 1.0
-DEFAULT_NOISE = 0.01
-
-
-def trained_sampler(model: nn.Module) -> str | None:
-    """The sampler recorded in ``metadata["config"]["sgld"]["sampler"]`` when training did not use
-    plain SGLD (``"proximal-sgld"`` for ``jemeval train --sampler proximal``), else None."""
-    config = (getattr(model, "metadata", None) or {}).get("config") or {}
-    cfg = config.get("sgld") if isinstance(config, dict) else None
-    name = cfg.get("sampler") if isinstance(cfg, dict) else None
-    return str(name) if name and name != "sgld" else None
 
 
 def sampler_note(model: nn.Module) -> str | None:
@@ -61,31 +49,8 @@ def sampler_note(model: nn.Module) -> str | None:
 
 
 def sgld_from_config(model: nn.Module, steps: int) -> SGLD:
-    """The SGLD a model was trained with (``metadata["config"]["sgld"]``), else JEM's defaults.
-
-    Accepts the sampler's own field names (``step_size``, ``noise``, ``clamp``, ``bn_mode``) and
-    the training options' names (``lr``/``sgld_lr``, ``std``/``sgld_std``). Other keys (e.g. the
-    proximal sampler's ``inner_steps``, see :func:`sampler_note`) are ignored: this is plain SGLD.
-    """
-    metadata = getattr(model, "metadata", None) or {}
-    config = metadata.get("config") or {}
-    cfg = config.get("sgld") if isinstance(config, dict) else None
-    cfg = cfg if isinstance(cfg, dict) else {}
-
-    def pick(*keys, default=None):
-        for key in keys:
-            if cfg.get(key) is not None:
-                return cfg[key]
-        return default
-
-    clamp = pick("clamp")
-    return SGLD(
-        steps=int(steps),
-        step_size=float(pick("step_size", "lr", "sgld_lr", default=DEFAULT_STEP_SIZE)),
-        noise=float(pick("noise", "std", "sgld_std", default=DEFAULT_NOISE)),
-        clamp=tuple(clamp) if clamp is not None else None,
-        bn_mode=str(pick("bn_mode", default="eval")),
-    )
+    """The SGLD a model was trained with, else JEM's (see :func:`jemeval.sampling.recorded_sgld`)."""
+    return recorded_sgld(model, steps)[0]
 
 
 class RefinedClassifier(nn.Module):

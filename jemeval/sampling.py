@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .errors import UsageError
+
 from .fastpath import to_fp32
 
 if TYPE_CHECKING:
@@ -149,12 +151,7 @@ class SGLD:
     bn_mode: str = "eval"
 
     def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ValueError(f"SGLD steps must be >= 0, got {self.steps}")
-        if self.bn_mode not in BN_MODES:
-            raise ValueError(f"bn_mode must be one of {BN_MODES}, got {self.bn_mode!r}")
-        if self.clamp is not None:
-            self.clamp = (float(self.clamp[0]), float(self.clamp[1]))
+        check_sampler_fields(self)
 
     def settings(self) -> dict:
         """Plain-data settings for provenance records."""
@@ -218,6 +215,66 @@ class SGLD:
             return x.clamp(*self.clamp) if self.clamp is not None else x
         x = torch.add(x.detach(), grad, alpha=self.step_size).add_(noise, alpha=self.noise)
         return x.clamp_(*self.clamp) if self.clamp is not None else x
+
+
+def check_sampler_fields(sampler) -> None:
+    """Validate the fields every sampler shares (steps, bn_mode, clamp) with one-line errors.
+
+    ``UsageError`` is a ``ValueError``, so Python callers can catch either; the command line shows
+    the message as one line whichever command built the sampler.
+    """
+    if int(sampler.steps) < 0:
+        raise UsageError(f"SGLD steps must be >= 0, got {sampler.steps}")
+    if sampler.bn_mode not in BN_MODES:
+        raise UsageError(f"BatchNorm mode while sampling must be one of {', '.join(BN_MODES)}, got {sampler.bn_mode!r}")
+    if sampler.clamp is not None:
+        if len(sampler.clamp) != 2:
+            raise UsageError(f"clamp must be two numbers (lo, hi), got {sampler.clamp!r}")
+        sampler.clamp = (float(sampler.clamp[0]), float(sampler.clamp[1]))
+
+
+#: JEM release's SGLD settings, used when neither the caller nor the checkpoint gives them
+JEM_SGLD = {"step_size": 1.0, "noise": 0.01, "clamp": None, "bn_mode": "eval"}
+#: other names training configs use for the same settings
+_SGLD_ALIASES = {"step_size": ("step_size", "lr", "sgld_lr"), "noise": ("noise", "std", "sgld_std"),
+                 "clamp": ("clamp",), "bn_mode": ("bn_mode",)}
+
+
+def recorded_sampler_settings(model: nn.Module) -> dict:
+    """The sampler settings a checkpoint recorded (``metadata["config"]["sgld"]``), or ``{}``."""
+    config = (getattr(model, "metadata", None) or {}).get("config") or {}
+    cfg = config.get("sgld") if isinstance(config, dict) else None
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def trained_sampler(model: nn.Module) -> str | None:
+    """The sampler the model was trained with when it was not plain SGLD (e.g. "proximal-sgld")."""
+    name = recorded_sampler_settings(model).get("sampler")
+    return str(name) if name and name != "sgld" else None
+
+
+def recorded_sgld(model: nn.Module, steps: int, **overrides) -> tuple["SGLD", str]:
+    """The plain SGLD for evaluating ``model``: explicit ``overrides`` (None = not given), else the
+    settings the checkpoint recorded, else the JEM release's; plus a note saying where they came from.
+
+    Every command that samples (refinement, sample, robust, distal, eval) builds its sampler here,
+    so they all read a checkpoint the same way. A proximal-SGLD checkpoint contributes only the
+    plain-SGLD settings (step size, noise, clamp, BatchNorm mode), and the note says so.
+    """
+    cfg = recorded_sampler_settings(model)
+    merged = dict(JEM_SGLD)
+    for key, aliases in _SGLD_ALIASES.items():
+        found = next((cfg[a] for a in aliases if cfg.get(a) is not None), None)
+        if found is not None:
+            merged[key] = found
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    source = "checkpoint config" if cfg else "JEM release defaults"
+    if trained_sampler(model):
+        source += (f" (trained with {trained_sampler(model)}; sampling uses plain SGLD with its step size, "
+                   "noise, clamp and BatchNorm mode)")
+    merged["clamp"] = tuple(merged["clamp"]) if merged["clamp"] is not None else None
+    return SGLD(steps=int(steps), step_size=float(merged["step_size"]), noise=float(merged["noise"]),
+                clamp=merged["clamp"], bn_mode=str(merged["bn_mode"])), source
 
 
 def uniform_like_shape(n: int, shape: Sequence[int], *, device=None, generator=None) -> torch.Tensor:

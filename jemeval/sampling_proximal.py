@@ -52,7 +52,8 @@ import torch
 from torch import nn
 
 from .fastpath import to_fp32, unwrap
-from .sampling import BN_MODES, SGLD, _autocast, _log_p, frozen
+from .errors import UsageError
+from .sampling import SGLD, _autocast, _log_p, check_sampler_fields, frozen
 
 if TYPE_CHECKING:
     from .fastpath import FastPath
@@ -161,14 +162,11 @@ class ProximalSGLD:
     recompute_first_layer: bool = True
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.inner_steps < 0:
-            raise ValueError(f"steps and inner_steps must be >= 0, got {self.steps} and {self.inner_steps}")
-        if self.bn_mode not in BN_MODES:
-            raise ValueError(f"bn_mode must be one of {BN_MODES}, got {self.bn_mode!r}")
+        check_sampler_fields(self)
+        if self.inner_steps < 0:
+            raise UsageError(f"inner steps must be >= 0, got {self.inner_steps}")
         if self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip}")
-        if self.clamp is not None:
-            self.clamp = (float(self.clamp[0]), float(self.clamp[1]))
+            raise UsageError(f"inner gradient clip must be > 0, got {self.grad_clip}")
 
     def settings(self) -> dict:
         """Plain-data settings for provenance records (``sampler`` names the algorithm)."""

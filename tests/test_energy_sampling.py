@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 import jemeval
@@ -130,3 +131,22 @@ def test_train_mode_sampling_leaves_batchnorm_running_stats_untouched():
     SGLD(steps=2, bn_mode="train").sample(m, torch.rand(4, 3, 8, 8) * 2 - 1)
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
     assert not m.training
+
+
+def test_recorded_sgld_reads_checkpoint_settings_aliases_and_overrides():
+    from jemeval.errors import UsageError
+    from jemeval.sampling import recorded_sgld
+
+    m = tiny_model()
+    sgld, source = recorded_sgld(m, 7)
+    assert (sgld.steps, sgld.step_size, sgld.noise, sgld.bn_mode) == (7, 1.0, 0.01, "eval")
+    assert source == "JEM release defaults"
+    m.metadata["config"] = {"sgld": {"lr": 0.5, "std": 0.02, "bn_mode": "train", "sampler": "proximal-sgld",
+                                     "inner_steps": 5, "clamp": [-1, 1]}}
+    sgld, source = recorded_sgld(m, 3, noise=0.0)
+    assert (sgld.step_size, sgld.noise, sgld.bn_mode, sgld.clamp) == (0.5, 0.0, "train", (-1.0, 1.0))
+    assert source.startswith("checkpoint config (trained with proximal-sgld")
+    with pytest.raises(UsageError, match="BatchNorm mode while sampling must be one of eval, train"):
+        recorded_sgld(m, 3, bn_mode="trian")
+    with pytest.raises(UsageError, match="clamp must be two numbers"):
+        SGLD(clamp=(0.0,))

@@ -32,11 +32,10 @@ import torch
 from ..energy import EnergyModel
 from ..errors import CheckpointError, UsageError, did_you_mean
 from ..results import Result, _plain
-from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
+from ..sampling import SGLD, ReplayBuffer, recorded_sgld, uniform_like_shape
 
 INITS = ("noise", "buffer", "data")
 DEFAULT_STEPS = 100
-JEM_SGLD = {"step_size": 1.0, "noise": 0.01, "clamp": None, "bn_mode": "eval"}
 DEFAULT_BATCH_SIZE = 256
 _PROGRESS_CHUNKS = 25  # progress-bar updates per batch of chains (each costs one extra forward)
 
@@ -128,22 +127,10 @@ def sgld_for(model: EnergyModel, *, steps: int | None = None, step_size: float |
 
     Returns the sampler and a note saying where the defaults came from (recorded in results).
     """
-    config = (model.metadata.get("config") or {}).get("sgld") or {}
-    source = "checkpoint config" if config else "JEM release defaults"
-    if config.get("sampler") not in (None, "sgld"):  # e.g. proximal-sgld: only the plain-SGLD keys are used
-        source += (f" (trained with {config['sampler']}; sampling uses plain SGLD with its step size, noise, "
-                   "clamp and BatchNorm mode)")
-    base = {**JEM_SGLD, **{k: config[k] for k in JEM_SGLD if config.get(k) is not None}}
-    given = {"step_size": step_size, "noise": noise, "clamp": clamp, "bn_mode": bn_mode}
-    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
     n_steps = DEFAULT_STEPS if steps is None else int(steps)
     if n_steps < 0:
         raise UsageError(f"--steps must be >= 0, got {n_steps}")
-    if merged["bn_mode"] not in ("eval", "train"):
-        raise UsageError(f"--bn-mode must be 'eval' or 'train', got {merged['bn_mode']!r}")
-    if merged["clamp"] is not None and len(merged["clamp"]) != 2:
-        raise UsageError(f"clamp must be two numbers (lo, hi), got {merged['clamp']!r}")
-    return SGLD(steps=n_steps, **merged), source
+    return recorded_sgld(model, n_steps, step_size=step_size, noise=noise, clamp=clamp, bn_mode=bn_mode)
 
 
 def resolve_classes(classes: int | str | Sequence[int] | None, num_classes: int) -> list[int] | None:
