@@ -172,7 +172,6 @@ def test_crash_inside_a_component_is_one_line_unless_debugging(monkeypatch):
         register("crashing", crashing)
 
     plugin.register_datasets = register_datasets
-    import click
 
     @cli.command("load-crashing", hidden=True)
     def load_crashing():
