@@ -49,6 +49,20 @@ def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=No
         click.echo(f"note: {note}")
 
 
+def sigma_option(fn):
+    """--sigma: the evaluation input noise, an explicit and recorded setting (contracts.md)."""
+    return click.option(
+        "--sigma", type=float, default=0.0, show_default=True,
+        help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: "
+             "pass --sigma 0.03 to reproduce it).")(fn)
+
+
+def batch_size_option(default: int = 256, help: str = "Examples per forward pass."):
+    def deco(fn):
+        return click.option("--batch-size", type=int, default=default, show_default=True, help=help)(fn)
+    return deco
+
+
 def device_option(fn):
     return click.option("--device", default="auto", show_default=True,
                         help="cpu, cuda, cuda:N or auto (cuda when available).")(fn)

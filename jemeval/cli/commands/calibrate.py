@@ -4,7 +4,16 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path, data_options, device_option, emit, model_option, output_options, resolve_device, seed_option,
+    batch_size_option,
+    check_output_path,
+    data_options,
+    device_option,
+    emit,
+    model_option,
+    output_options,
+    resolve_device,
+    seed_option,
+    sigma_option,
 )
 
 SUMMARY_COLUMNS = ["calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n"]
@@ -24,13 +33,12 @@ def bins_frame(result):
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--bins", type=int, default=20, show_default=True, help="Equal-width confidence bins.")
 @click.option("--n", "n", type=int, default=None, help="Use a seeded random subset of N examples.")
-@click.option("--sigma", type=float, default=0.0, show_default=True,
-              help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: pass --sigma 0.03 to reproduce it).")
+@sigma_option
 @click.option("--temperature-scaling", is_flag=True,
               help="Also fit a temperature on a seeded validation subset of the train split and report the calibrated numbers.")
 @click.option("--val-size", type=int, default=5000, show_default=True,
               help="Validation images for --temperature-scaling (capped at 20% of the train split).")
-@click.option("--batch-size", type=int, default=256, show_default=True)
+@batch_size_option()
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a reliability diagram (empty bins marked, ECE printed) to FILE.png.")
 @click.option("--no-bins", "hide_bins", is_flag=True, help="Do not print the per-bin table.")

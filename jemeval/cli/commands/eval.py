@@ -4,7 +4,16 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    data_options, device_option, emit, model_option, output_options, parse_ints, resolve_device, seed_option,
+    batch_size_option,
+    data_options,
+    device_option,
+    emit,
+    model_option,
+    output_options,
+    parse_ints,
+    resolve_device,
+    seed_option,
+    sigma_option,
 )
 
 
@@ -13,8 +22,7 @@ from ..options import (
 @click.option("--data", default=None, help="Labelled dataset to evaluate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--n", "n", type=int, default=None, help="Use a seeded random subset of N examples.")
-@click.option("--sigma", type=float, default=0.0, show_default=True,
-              help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: pass --sigma 0.03 to reproduce it).")
+@sigma_option
 @click.option("--refine-steps", default="0", show_default=True,
               help="Comma-separated SGLD refinement steps K before classifying (one row each), e.g. 0,1,10.")
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains per input (logits averaged).")
@@ -24,7 +32,7 @@ from ..options import (
               help="Refinement SGLD step size. Default: the checkpoint's training setting, else 1.0.")
 @click.option("--sgld-std", "noise", type=float, default=None,
               help="Refinement SGLD noise std. Default: the checkpoint's training setting, else 0.01.")
-@click.option("--batch-size", type=int, default=256, show_default=True)
+@batch_size_option()
 @seed_option(0)
 @device_option
 @data_options

@@ -4,8 +4,17 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path, data_options, device_option, emit, model_option, output_options, resolve_device,
-    seed_option, split_list,
+    batch_size_option,
+    check_output_path,
+    data_options,
+    device_option,
+    emit,
+    model_option,
+    output_options,
+    resolve_device,
+    seed_option,
+    sigma_option,
+    split_list,
 )
 
 COLUMNS = None  # every record key, plugin metrics and CI columns included
@@ -25,12 +34,11 @@ COLUMNS = None  # every record key, plugin metrics and CI columns included
               help="Comma-separated OOD metrics to report. Default: every registered OOD metric.")
 @click.option("--n", "n", type=int, default=None,
               help="Examples per set (a seeded random subset). Synthetic sets default to the ID set's size.")
-@click.option("--sigma", type=float, default=0.0, show_default=True,
-              help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: pass --sigma 0.03 to reproduce it).")
+@sigma_option
 @click.option("--bootstrap", type=int, default=0, show_default=True,
               help="Bootstrap resamples for confidence intervals (adds <metric>_lo/_hi columns); 0 = none.")
 @click.option("--level", type=float, default=0.95, show_default=True, help="Confidence level of the bootstrap intervals.")
-@click.option("--batch-size", type=int, default=256, show_default=True)
+@batch_size_option()
 @click.option("--save-scores", type=click.Path(dir_okay=False), default=None,
               help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
