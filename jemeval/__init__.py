@@ -21,6 +21,7 @@ __all__ = [
     "__version__", "hookimpl", "ood_metric", "calibration_metric",
     "EnergyModel", "SGLD", "ReplayBuffer", "load_model", "load_dataset", "create_model",
     "get", "names", "save_checkpoint",
+    "train", "evaluate_ood", "calibrate", "evaluate", "robust", "sample", "fidelity",
 ]
 
 _LAZY = {

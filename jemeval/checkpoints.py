@@ -68,13 +68,6 @@ def save_checkpoint(path: str | os.PathLike, model: EnergyModel, **fields: Any) 
     return Path(path)
 
 
-def save_raw(path: str | os.PathLike, data: dict) -> Path:
-    """Atomically write an already-built checkpoint dict."""
-    with atomic_path(path) as tmp:
-        torch.save(data, tmp)
-    return Path(path)
-
-
 # -- loading -----------------------------------------------------------------------------------
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with one-line errors for every way a file can be wrong."""
@@ -87,7 +80,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         return torch.load(p, map_location=map_location, weights_only=True)
     except Exception as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        msg = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
             raise CheckpointError(
                 f"{str(p)!r} contains Python objects that could run code when loaded; jemeval only loads "
@@ -184,15 +178,14 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
             raise _shape_mismatch(exc, path, obj.get("arch")) from None
         return model.to(device).eval()
 
-    from .interop import identify_foreign  # JEM release and follow-up layouts
+    from .interop import (  # JEM release and follow-up layouts
+        identify_foreign,
+        unknown_layout_error,
+    )
 
     found = identify_foreign(obj)
     if found is None:
-        keys = list(obj)[:4] if isinstance(obj, dict) else type(obj).__name__
-        raise CheckpointError(
-            f"{path!r} is not a jemeval checkpoint nor a known JEM layout (top-level keys: {keys}); "
-            "expected a file written by `jemeval train` or a JEM release checkpoint"
-        )
+        raise unknown_layout_error(obj, path)
     return found.build(path).to(device).eval()
 
 

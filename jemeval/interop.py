@@ -71,11 +71,9 @@ def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
     cfg = found.config
     model = create_model(
         "wrn", cfg["num_classes"], (cfg["in_channels"], 32, 32),
-        depth=cfg["depth"], widen=cfg["widen"], norm=cfg["norm"],
+        depth=cfg["depth"], widen=cfg["widen"], norm=cfg["norm"], dropout=0.0,
         metadata={"dataset": None, "source_format": found.layout, "config": found.source_config()},
     )
-    # WRN options are all known: `norm=None` must stay explicit in arch_options
-    model.arch_options = {"depth": cfg["depth"], "widen": cfg["widen"], "norm": cfg["norm"], "dropout": 0.0}
     try:
         _load_state(model, strip_unused_official_keys(found.state), path)
     except RuntimeError as exc:
@@ -144,6 +142,51 @@ def supported_layouts() -> str:
     return "; ".join(f"{layout.name}: {layout.summary}" for layout in LAYOUTS)
 
 
+def unknown_layout_error(obj: Any, path: str) -> CheckpointError:
+    """The one error for a file that is neither a jemeval checkpoint nor a supported layout."""
+    keys = list(obj)[:4] if isinstance(obj, dict) else type(obj).__name__
+    return CheckpointError(
+        f"{path!r} is not a jemeval checkpoint nor a known layout (top-level keys: {keys}); expected a file "
+        f"written by `jemeval train` or one of: {supported_layouts()}"
+    )
+
+
+def check_output_path(src: Path | str, dst: Path | str) -> Path:
+    """A converter's output: a new .pt file that is not the input."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        what = "is the input file" if dst.resolve() == src.resolve() else "already exists"
+        raise UsageError(f"output {str(dst)!r} {what}; remove it or give another output path")
+    if dst.suffix != ".pt":
+        raise UsageError(f"output must be a .pt file, got {str(dst)!r}")
+    return dst
+
+
+def write_converted(model: EnergyModel, source: str, dst: Path | str, *, layout: str, source_sha256: Any,
+                    dataset: str | None = None, replay_buffer: Any = None, config: dict | None = None,
+                    extra: dict | None = None, command: str = "convert"):
+    """Save a converted model as a jemeval checkpoint (with provenance) and return the Result record.
+
+    Shared by ``jemeval convert`` and plugin converters (e.g. jemeval-igebm's TensorFlow one).
+    """
+    from .checkpoints import save_checkpoint
+    from .provenance import provenance
+    from .results import Result
+
+    config = {"source_layout": layout, "source_file": source, "source_sha256": source_sha256, **(config or {})}
+    source_file = source if Path(source).is_file() else None  # a TF checkpoint is a prefix, hashed in settings
+    prov = provenance(command=command, checkpoint=source_file, settings={"source_layout": layout, "dataset": dataset,
+                                                                          "source_sha256": source_sha256})
+    save_checkpoint(dst, model, dataset=dataset, replay_buffer=replay_buffer, config=config, provenance=prov)
+    record = {
+        "source": source, "output": str(dst), "layout": layout, "arch": model.arch, "arch_options": model.arch_options,
+        "num_classes": model.num_classes, "dataset": dataset,
+        "replay_buffer": None if replay_buffer is None else list(replay_buffer.shape),
+        "source_sha256": source_sha256, **(extra or {}),
+    }
+    return Result([record], provenance=prov)
+
+
 def identify_foreign(obj: Any) -> FoundCheckpoint | None:
     for layout in LAYOUTS:
         found = layout.match(obj)
@@ -173,10 +216,7 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
         file_sha256,
         is_jemeval_checkpoint,
         read_checkpoint,
-        save_checkpoint,
     )
-    from .provenance import provenance
-    from .results import Result
 
     src, dst = Path(path_in), Path(path_out)
     if _looks_like_tensorflow(src):
@@ -184,10 +224,7 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
             f"{str(src)!r} is a TensorFlow checkpoint; IGEBM release checkpoints are converted by the "
             "jemeval-igebm plugin: pip install 'jemeval-igebm[tf]', then jemeval-igebm-convert IN OUT"
         )
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise UsageError(f"output {str(dst)!r} is the input file; give a different output path")
-    if dst.suffix != ".pt":
-        raise UsageError(f"output must be a .pt file, got {str(dst)!r}")
+    check_output_path(src, dst)
     if dataset is not None:
         check_dataset_name(dataset)
     obj = read_checkpoint(src)
@@ -195,24 +232,12 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
         raise UsageError(f"{str(src)!r} is already a jemeval checkpoint; nothing to convert")
     found = identify_foreign(obj)
     if found is None:
-        keys = list(obj)[:4] if isinstance(obj, dict) else type(obj).__name__
-        raise CheckpointError(
-            f"{str(src)!r} has no layout jemeval knows (top-level keys: {keys}); supported layouts are "
-            f"{supported_layouts()}"
-        )
+        raise unknown_layout_error(obj, str(src))
     model = found.build(str(src))
-    sha = file_sha256(src)
-    config = {**found.source_config(), "source_file": str(src), "source_sha256": sha}
-    prov = provenance(command="convert", checkpoint=str(src), settings={"source_layout": found.layout, "dataset": dataset})
-    save_checkpoint(dst, model, dataset=dataset, replay_buffer=found.replay_buffer, config=config, provenance=prov)
-    record = {
-        "source": str(src), "output": str(dst), "layout": found.layout, "arch": model.arch,
-        "arch_options": model.arch_options, "num_classes": model.num_classes, "dataset": dataset,
-        "bn_mode": found.sgld.get("bn_mode"),
-        "replay_buffer": None if found.replay_buffer is None else list(found.replay_buffer.shape),
-        "source_sha256": sha,
-    }
-    return Result([record], provenance=prov)
+    return write_converted(
+        model, str(src), dst, layout=found.layout, source_sha256=file_sha256(src), dataset=dataset,
+        replay_buffer=found.replay_buffer, config=found.source_config(), extra={"bn_mode": found.sgld.get("bn_mode")},
+    )
 
 
 def check_dataset_name(dataset: str) -> None:

@@ -19,13 +19,13 @@ def create_model(
 ) -> EnergyModel:
     """Build the registered architecture ``arch`` (a spec: ``NAME[:VARIANT][,k=v...]``).
 
-    Options given as ``None`` are dropped so that unset command-line options keep the factory's
-    defaults (timm's ``create_model`` habit). The returned model records its arch name and the full
-    options, which is what a checkpoint needs to rebuild it.
+    Keyword options override the spec's; an explicit ``None`` is kept (``norm=None`` is a real WRN
+    setting), so a checkpoint's recorded options rebuild exactly the same model. The returned model
+    records its arch name and the full options, which is what a checkpoint needs to rebuild it.
     """
     spec = parse_spec(arch)
     factory = get_registry().get("model", spec.name)
-    merged = {**spec.options, **{k: v for k, v in options.items() if v is not None}}
+    merged = {**spec.options, **options}
     if spec.variant is not None:
         merged["variant"] = spec.variant
     net = call_with_supported(factory, int(num_classes), tuple(input_shape), **merged)

@@ -1,6 +1,7 @@
 """Checkpoints: our format round-trips; the JEM release layout loads and gives the logits of an
 independently written reference forward pass; every bad file gives one clear error."""
 import os
+import re
 
 import pytest
 import torch
@@ -130,11 +131,11 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path):
     (tmp_path / "run" / "best.pt").write_bytes(b"")
     assert "is a folder (it holds best.pt)" in err(tmp_path / "run")
     (tmp_path / "garbage.pt").write_bytes(b"this is not a checkpoint")
-    assert "not a readable PyTorch checkpoint" in err(tmp_path / "garbage.pt")
+    assert re.search(r"not a readable PyTorch checkpoint \(\w+Error: ", err(tmp_path / "garbage.pt"))
     torch.save(torch.nn.Linear(2, 2), tmp_path / "pickled.pt")  # a pickled module could run code
     assert "could run code" in err(tmp_path / "pickled.pt")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
-    assert "not a jemeval checkpoint nor a known JEM layout" in err(tmp_path / "other.pt")
+    assert "not a jemeval checkpoint nor a known layout" in err(tmp_path / "other.pt")
     m = jemeval.create_model("cnn", 10, (1, 8, 8))
     jemeval.save_checkpoint(tmp_path / "cnn.pt", m)
     raw = torch.load(tmp_path / "cnn.pt", weights_only=True)

@@ -150,7 +150,7 @@ def test_convert_command_json_and_one_line_errors(tmp_path):
 
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     msg = error(tmp_path / "other.pt", tmp_path / "o.pt", code=1)
-    assert "no layout jemeval knows" in msg and all(n in msg for n in ("jem-release", "jem-release-batchnorm", "jem++/sada-jem"))
+    assert "nor a known layout" in msg and all(n in msg for n in ("jem-release", "jem-release-batchnorm", "jem++/sada-jem"))
     assert "already a jemeval checkpoint" in error(tmp_path / "sada_jemeval.pt", tmp_path / "o.pt", code=2)
     assert "must be a .pt file" in error(src, tmp_path / "o.pth", code=2)
     assert "unknown dataset 'digit'" in error(src, tmp_path / "o.pt", "--dataset", "digit", code=2)
@@ -173,3 +173,7 @@ def test_unsupported_follow_up_variants_fail_clearly(tmp_path):
         convert(tmp_path / "img64.pt", tmp_path / "o.pt")
     with pytest.raises(UsageError, match="is the input file"):
         convert(tmp_path / "img64.pt", tmp_path / "img64.pt")
+    (tmp_path / "taken.pt").write_bytes(b"someone's file")
+    with pytest.raises(UsageError, match="'.*taken.pt' already exists; remove it or give another output path"):
+        convert(tmp_path / "img64.pt", tmp_path / "taken.pt")
+    assert (tmp_path / "taken.pt").read_bytes() == b"someone's file"

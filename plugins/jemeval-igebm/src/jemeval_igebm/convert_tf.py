@@ -212,28 +212,17 @@ def _source_hashes(prefix: str) -> dict[str, str]:
 
 def convert_tf_checkpoint(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
     """Write the release checkpoint ``path_in`` as a jemeval checkpoint; returns a Result."""
-    from jemeval.checkpoints import save_checkpoint
-    from jemeval.errors import UsageError
-    from jemeval.interop import check_dataset_name
-    from jemeval.provenance import provenance
-    from jemeval.results import Result
+    from jemeval.interop import check_dataset_name, check_output_path, write_converted
 
-    if Path(path_out).suffix != ".pt":
-        raise UsageError(f"output must be a .pt file, got {str(path_out)!r}")
+    check_output_path(path_in, path_out)
     if dataset is not None:
         check_dataset_name(dataset)
     prefix = checkpoint_prefix(path_in)
     model, notes = model_from_variables(read_tf_variables(prefix))
-    hashes = _source_hashes(prefix)
-    config = {"source_layout": "igebm-tf-release", "source_file": prefix, "source_sha256": hashes, **notes,
-              # the release clamps samples to its [0, 1] image box, which is [-1, 1] here
-              "sgld": {"clamp": [-1.0, 1.0]}}
-    prov = provenance(command="jemeval-igebm-convert", settings={"source_layout": "igebm-tf-release", "dataset": dataset,
-                                                                 "source_sha256": hashes})
-    save_checkpoint(path_out, model, dataset=dataset, config=config, provenance=prov)
-    record = {"source": prefix, "output": str(path_out), "layout": "igebm-tf-release", "arch": "igebm",
-              "arch_options": model.arch_options, "num_classes": model.num_classes, "dataset": dataset, **notes}
-    return Result([record], provenance=prov)
+    # the release clamps samples to its [0, 1] image box, which is [-1, 1] here
+    return write_converted(model, prefix, path_out, layout="igebm-tf-release", source_sha256=_source_hashes(prefix),
+                           dataset=dataset, config={**notes, "sgld": {"clamp": [-1.0, 1.0]}}, extra=notes,
+                           command="jemeval-igebm-convert")
 
 
 def main(argv=None) -> int:
