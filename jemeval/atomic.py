@@ -15,8 +15,13 @@ from typing import Callable, Iterator
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:  # a read-only or impossible location is the caller's path, not a bug
+        from .errors import UsageError
+
+        raise UsageError(f"cannot write {str(target)!r}: {exc.strerror or exc}; choose a writable location") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:

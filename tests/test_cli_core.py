@@ -43,3 +43,25 @@ def test_bad_component_options_are_one_line_usage_errors(digits_classifier_ckpt)
     r = run("robust", "--model", str(digits_classifier_ckpt), "--norm", "l2", "--attack", "pgd:bogus=1", "--n", "5")
     assert r.exit_code == 2 and "attack 'pgd' has no option 'bogus'" in r.output
     assert "Traceback" not in r.output
+
+
+def test_more_user_mistakes_are_one_line(digits_classifier_ckpt, tmp_path):
+    ckpt = str(digits_classifier_ckpt)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    r = run("calibrate", "--model", ckpt, "--out", str(blocker / "sub" / "r.json"))
+    assert r.exit_code == 2 and "cannot write" in r.output and "choose a writable location" in r.output
+    r = run("robust", "--model", ckpt, "--norm", "linf", "--epsilons", "0,1/0", "--n", "5")
+    assert r.exit_code == 2 and "fractions like 8/255 are fine" in r.output
+    r = run("eval", "--model", ckpt, "--sigma", "nan")
+    assert r.exit_code == 2 and "--sigma" in r.output
+    for res in (r,):
+        assert "Traceback" not in res.output
+
+
+def test_robust_on_a_synthetic_set_takes_the_model_shape(digits_classifier_ckpt):
+    r = run("robust", "--model", str(digits_classifier_ckpt), "--norm", "linf", "--data", "constant",
+            "--epsilons", "0", "--n", "4", "--json")
+    # constant images are unlabelled: a one-line error, not a missing-input-shape complaint
+    assert r.exit_code == 2 and "needs labelled data, and 'constant' is unlabelled" in r.output
+    assert "input_shape" not in r.output and "Traceback" not in r.output

@@ -52,7 +52,7 @@ def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=No
 def sigma_option(fn):
     """--sigma: the evaluation input noise, an explicit and recorded setting (contracts.md)."""
     return click.option(
-        "--sigma", type=float, default=0.0, show_default=True,
+        "--sigma", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
         help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: "
              "pass --sigma 0.03 to reproduce it).")(fn)
 
@@ -125,7 +125,7 @@ def split_list(value: str | None, what: str) -> list[str]:
 def parse_floats(value: str, what: str) -> list[float]:
     try:
         return [float(eval_fraction(v)) for v in split_list(value, what)]
-    except ValueError:
+    except (ValueError, ZeroDivisionError):
         raise UsageError(f"{what} must be comma-separated numbers (fractions like 8/255 are fine), got {value!r}") from None
 
 

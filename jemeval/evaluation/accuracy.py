@@ -19,7 +19,13 @@ import torch
 from ..data import load_dataset, subsample
 from ..errors import UsageError
 from ..results import Result
-from .batching import DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, run_batches, training_dataset
+from .batching import (
+    DEFAULT_BATCH_SIZE,
+    check_input_shape,
+    prepare_model,
+    run_batches,
+    training_dataset,
+)
 from .metric_functions import nll as nll_metric
 
 
@@ -105,14 +111,10 @@ def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size
     """The model itself for K = 0, else a seeded RefinedClassifier, with its settings."""
     if steps == 0:
         return model, {"refine_steps": 0}
-    import dataclasses
+    from ..refinement import RefinedClassifier
+    from ..sampling import recorded_sgld
 
-    from ..refinement import RefinedClassifier, sgld_from_config
-
-    sgld = sgld_from_config(model, steps)
-    overrides = {k: float(v) for k, v in (("step_size", step_size), ("noise", noise)) if v is not None}
-    if overrides:
-        sgld = dataclasses.replace(sgld, **overrides)
+    sgld, _ = recorded_sgld(model, steps, step_size=step_size, noise=noise)
     device = model.device
     generator = torch.Generator(device=device).manual_seed(int(seed) + 1)
     refined = RefinedClassifier(model, steps, chains=chains, sigma=chain_sigma, sgld=sgld, generator=generator)

@@ -12,6 +12,7 @@ back as numpy arrays.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -120,8 +121,8 @@ def run_batches(
     are computed. The network runs in eval mode with frozen parameters; gradient scores still get
     input gradients (they enable grad themselves).
     """
-    if sigma < 0:
-        raise UsageError(f"--sigma must be >= 0, got {sigma}")
+    if not (sigma >= 0 and math.isfinite(sigma)):  # also refuses NaN
+        raise UsageError(f"--sigma must be a finite number >= 0, got {sigma}")
     if batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {batch_size}")
     device = torch.device(device) if device is not None else _model_device(model)

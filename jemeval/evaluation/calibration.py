@@ -25,7 +25,13 @@ from ..data import ArrayDataset, load_dataset, subsample, to_arrays
 from ..errors import UsageError
 from ..registry import call_with_supported
 from ..results import Result
-from .batching import DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, run_batches, training_dataset
+from .batching import (
+    DEFAULT_BATCH_SIZE,
+    check_input_shape,
+    prepare_model,
+    run_batches,
+    training_dataset,
+)
 from .metric_functions import DEFAULT_BINS, registered_metrics, reliability_bins
 
 SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")

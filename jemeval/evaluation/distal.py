@@ -89,8 +89,9 @@ def distal(
                 x.clamp_(-1, 1)
     images = x.detach()
     with torch.no_grad():
-        conf = checker(images).softmax(1).gather(1, y.view(-1, 1)).squeeze(1)
-        predicted = checker(images).argmax(1)
+        logits = checker(images)  # one pass: confidence and prediction from the same chains
+        conf = logits.softmax(1).gather(1, y.view(-1, 1)).squeeze(1)
+        predicted = logits.argmax(1)
 
     records = []
     for i, t in enumerate(targets):

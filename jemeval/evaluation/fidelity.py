@@ -280,8 +280,8 @@ def fidelity(
     path(s) or EnergyModel(s) for the Frechet distance ``fd``. ``inception_weights`` defaults to
     ``$JEMEVAL_INCEPTION_WEIGHTS``.
     """
-    from ..checkpoints import load_model
     from ..provenance import provenance
+    from .batching import prepare_model
     from .generation import Samples, load_samples
 
     device = torch.device(device or "cpu")
@@ -334,8 +334,7 @@ def fidelity(
     if "fd" in chosen:
         settings["features"] = []
         for fm in feature_models:
-            model = fm if isinstance(fm, EnergyModel) else load_model(fm, device=device)
-            model = model.to(device)
+            model = prepare_model(fm, device)
             out = features_fd(model, x, ref_x, batch_size)
             ckpt = model.metadata.get("checkpoint") or {}
             label = ckpt.get("path") or f"<{model.arch}>"

@@ -326,13 +326,10 @@ def sample(
     of ``data``, default the model's dataset). ``top_confident=P`` keeps the P% most confident
     samples of each predicted class. ``progress=None`` shows a bar only on a terminal.
     """
-    from ..checkpoints import load_model
     from ..provenance import provenance
+    from .batching import prepare_model
 
-    if not isinstance(model, EnergyModel):
-        model = load_model(model, device=device or "cpu")
-    elif device is not None:
-        model = model.to(device)
+    model = prepare_model(model, device)
     check_init(init)
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")

@@ -27,7 +27,12 @@ from ..errors import UsageError
 from ..registry import parse_spec
 from ..results import Result
 from .batching import (
-    DEFAULT_BATCH_SIZE, check_input_shape, prepare_model, resolve_scores, run_batches, training_dataset,
+    DEFAULT_BATCH_SIZE,
+    check_input_shape,
+    prepare_model,
+    resolve_scores,
+    run_batches,
+    training_dataset,
 )
 from .metric_functions import registered_metrics
 

@@ -22,7 +22,6 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,10 +31,10 @@ from ..energy import EnergyModel
 from ..errors import JemevalError, UsageError
 from ..interfaces import NORMS, pixel_to_model_scale
 from ..provenance import provenance
-from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note, sgld_from_config
+from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note
 from ..results import Result
-from ..sampling import frozen
-from .batching import prepare_model
+from ..sampling import frozen, recorded_sgld
+from .batching import check_input_shape, prepare_model, training_dataset
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
 #: (almost) always fooled: a sanity check of the attack, not a realistic threat model.
@@ -228,21 +227,18 @@ def robust(
     device = torch.device(device)
     model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
 
-    data = data or model.metadata.get("dataset")
-    if not data:
-        raise UsageError("the checkpoint does not say which dataset it was trained on; pass --data NAME")
-    ds = subsample(load_dataset(data, "test", root=root, download=download), n, seed=seed)
+    data = data or training_dataset(model)
+    ds = subsample(load_dataset(data, "test", root=root, download=download, input_shape=model.input_shape), n, seed=seed)
+    check_input_shape(model, ds, data)
     x, y = (t.to(device) for t in to_arrays(ds))
+    if bool((y < 0).any()):
+        raise UsageError(f"robust accuracy needs labelled data, and {data!r} is unlabelled; use a labelled test set such as --data digits")
     if epsilons is None:  # the defaults, without sizes the input cannot hold (L2 on tiny inputs)
         limit = 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape_of(ds))))
         epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
     eps = check_epsilons(epsilons, norm, input_shape_of(ds))
 
-    base_sgld = sgld_from_config(model, 0)
-    if sgld_step_size is not None:
-        base_sgld = replace(base_sgld, step_size=float(sgld_step_size))
-    if sgld_noise is not None:
-        base_sgld = replace(base_sgld, noise=float(sgld_noise))
+    base_sgld, _ = recorded_sgld(model, 0, step_size=sgld_step_size, noise=sgld_noise)
     context = {"steps": steps, "restarts": restarts, "crn_seed": seed}
     context = {k: v for k, v in context.items() if v is not None}
     named = [make_attack(spec, norm, context=context) for spec in attack_specs]
