@@ -456,3 +456,22 @@ def test_proximal_sampler_trains_and_its_checkpoint_samples_and_refines(tmp_path
     assert "proximal-sgld" in settings["sgld_defaults_from"] and "sampler" not in settings["sgld"]
     with pytest.raises(UsageError, match="unknown sampler"):
         tiny(tmp_path, sampler="pyld")
+
+
+def test_python_api_resume_takes_unset_settings_from_the_run(tmp_path):
+    """train(dataset, resume=True, out=...) needs only what changes: the rest comes from last.pt."""
+    first = train(tiny(tmp_path, "api", epochs=1, lr=0.01, sgld_steps=3))
+    assert first["status"] == "completed"
+    resumed = train(TINY["dataset"], resume=True, out=str(tmp_path / "api"), epochs=2)
+    assert resumed["config"]["lr"] == 0.01 and resumed["config"]["sgld_steps"] == 3 and resumed["config"]["epochs"] == 2
+
+
+def test_resume_from_a_file_without_training_state_is_one_line(tmp_path):
+    from jemeval.errors import UsageError
+
+    (tmp_path / "bad").mkdir()
+    torch.save(torch.zeros(3), tmp_path / "bad" / "last.pt")
+    with pytest.raises(UsageError, match="holds no training state"):
+        train(TINY["dataset"], resume=True, out=str(tmp_path / "bad"))
+    with pytest.raises(UsageError, match="--sgld-lr must be a finite number > 0"):
+        resolve_config("digits", sgld_lr=float("inf"))

@@ -21,6 +21,7 @@ from .config import (
     dataset_defaults,
     resolve_config,
     resume_config,
+    resume_from,
 )
 
 __all__ = ["DATASET_DEFAULTS", "TrainConfig", "Trainer", "dataset_defaults", "resolve_config", "resume_config", "train"]
@@ -35,10 +36,10 @@ def train(config: TrainConfig | str | None = None, *, on_step: Callable | None =
     """
     from .trainer import Trainer
 
-    if config is None:
-        config = resolve_config(overrides.pop("dataset", "digits"), **overrides)
-    elif isinstance(config, str):
-        config = resolve_config(config, **overrides)
+    if config is None or isinstance(config, str):
+        dataset = config or overrides.pop("dataset", "digits")
+        # resuming: the stored run supplies every setting not given here
+        config = resume_from(dataset, **overrides) if overrides.get("resume") else resolve_config(dataset, **overrides)
     elif overrides:
         config = config.replace(**overrides)
     return Trainer(config, on_step=on_step).run()

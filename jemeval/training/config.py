@@ -215,7 +215,7 @@ class TrainConfig:
             value = getattr(self, name)
             need(math.isfinite(value) and value >= 0, f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
         need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be > 0, got {self.lr}")
-        need(self.sgld_lr > 0, f"--sgld-lr must be > 0, got {self.sgld_lr}")
+        need(self.sgld_lr > 0 and math.isfinite(self.sgld_lr), f"--sgld-lr must be a finite number > 0, got {self.sgld_lr}")
         need(self.sgld_steps >= 1 or not self.samples, f"--sgld-steps must be >= 1 when p(x) is trained, got {self.sgld_steps}")
         need(self.buffer_size >= 1, f"--buffer-size must be >= 1, got {self.buffer_size}")
         need(0.0 <= self.reinit_freq <= 1.0, f"--reinit-freq must lie in [0, 1], got {self.reinit_freq}")
@@ -304,3 +304,32 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES and hasattr(config, k)}
     changes["resume"] = True
     return config.replace(**changes).validate()
+
+
+def load_resume_checkpoint(out: str) -> dict[str, Any]:
+    """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
+    from pathlib import Path
+
+    from ..checkpoints import read_checkpoint
+
+    path = Path(out) / "last.pt"
+    if not path.exists():
+        raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume or pass the run's --out")
+    ckpt = read_checkpoint(path)
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict) and isinstance(ckpt.get("config"), dict)):
+        raise UsageError(f"--resume: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
+                         "written by jemeval train can be resumed)")
+    return ckpt
+
+
+def resume_from(dataset: str, **given: Any) -> TrainConfig:
+    """The config that continues the run in ``given["out"]`` (default ``runs/DATASET``).
+
+    ``given`` holds only what the caller set explicitly: everything else comes from the stored run,
+    and an explicit setting that differs from it is an error (see :func:`resume_config`).
+    """
+    out = given.get("out") or f"runs/{parse_spec(dataset).name}"
+    stored = load_resume_checkpoint(out)["config"]
+    if stored.get("dataset") not in (None, dataset):
+        raise UsageError(f"--resume: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}")
+    return resume_config(stored, **{**given, "out": str(out)})

@@ -39,7 +39,7 @@ from ..provenance import provenance
 from ..sampling import ReplayBuffer
 from . import parallel
 from .augment import augment_for
-from .config import TrainConfig, resume_config
+from .config import TrainConfig, load_resume_checkpoint, resume_config
 from .divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
 from .evaluate import accuracy
 from .metrics import MetricsLog
@@ -117,12 +117,7 @@ class Trainer:
         cfg = self.config
         ckpt = None
         if cfg.resume:
-            path = self.out / "last.pt"
-            if not path.exists():
-                raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume (or point --out at the run's folder)")
-            ckpt = read_checkpoint(path)
-            if not isinstance(ckpt, dict) or not ckpt.get("training_state"):
-                raise UsageError(f"--resume: {str(path)!r} holds no training state; it was not written by jemeval train")
+            ckpt = load_resume_checkpoint(str(self.out))
             given = {k: v for k, v in asdict(cfg).items() if k != "out"}
             self.config = cfg = resume_config(ckpt["config"], **given, out=cfg.out)
         self.device = _resolve_device(cfg.device)

@@ -91,7 +91,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
       jemeval train digits --arch igebm --objective factored
       jemeval train digits --nproc 2                # DDP, 2 processes (or: torchrun --nproc-per-node 2 -m jemeval train digits)
     """
-    from ...training import resolve_config, resume_config, train
+    from ...training import resolve_config, resume_from, train
 
     given = _explicit(ctx, params)
     if compile_ is not None:
@@ -101,7 +101,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
     if no_progress:
         given["progress"] = False
     if given.get("resume"):
-        config = _resume(dataset, given, resume_config)
+        config = resume_from(dataset, **given)
     else:
         config = resolve_config(dataset, **given)
     if nproc is not None and not _launched_by_torchrun(nproc):
@@ -116,23 +116,6 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
         _print_summary(summary)
     if summary["status"] == "interrupted":
         sys.exit(130)
-
-
-def _resume(dataset: str, given: dict, resume_config) -> object:
-    from pathlib import Path
-
-    from ...checkpoints import read_checkpoint
-    from ...errors import UsageError
-    from ...registry import parse_spec
-
-    out = Path(given.get("out") or f"runs/{parse_spec(dataset).name}")
-    path = out / "last.pt"
-    if not path.exists():
-        raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume or pass the run's --out")
-    stored = read_checkpoint(path).get("config") or {}
-    if stored.get("dataset") not in (None, dataset):
-        raise UsageError(f"--resume: {str(path)!r} is a run on {stored.get('dataset')!r}, not {dataset!r}")
-    return resume_config(stored, **{**given, "out": str(out)})
 
 
 def _launched_by_torchrun(nproc: int) -> bool:
@@ -153,8 +136,8 @@ def _check_launch(config, nproc: int) -> None:
     """The one-line errors a worker would hit, raised before any process starts."""
     from pathlib import Path
 
-    from ...checkpoints import read_checkpoint
     from ...distributed import DistContext
+    from ...training.config import load_resume_checkpoint
     from ...training.parallel import buffer_share, check_world
 
     fake = DistContext(world_size=nproc)
@@ -166,8 +149,8 @@ def _check_launch(config, nproc: int) -> None:
     if config.samples and not config.short_run:
         buffer_share(config.buffer_size, fake)
     if config.resume:
-        path = Path(config.out_dir) / "last.pt"
-        check_world(read_checkpoint(path)["training_state"].get("world_size"), fake, path)
+        state = load_resume_checkpoint(config.out_dir)["training_state"]
+        check_world(state.get("world_size"), fake, Path(config.out_dir) / "last.pt")
 
 
 def _relaunch(nproc: int) -> int:
