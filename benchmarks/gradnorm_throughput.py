@@ -3,7 +3,7 @@
     python benchmarks/gradnorm_throughput.py [--arch wrn:depth=16,widen=4] [--batch 128] [--batches 2]
                                              [--repeats 3] [--threads N] [--device cpu|cuda]
 
-The score is -||d log p~(x)/dx||_2 per example (jem-reference.md section 4), one backward per
+The score is -||d log p~(x)/dx||_2 per example (the JEM paper's evaluation, docs/reproducing.md), one backward per
 batch. Variants, interleaved in one run:
 
 * naive:       the release's evaluation code: parameters requiring grad, ``retain_graph=True``;

@@ -1,6 +1,6 @@
 """jemeval: train and evaluate Joint Energy-based Models (JEM) and compare them with classifiers.
 
-Public API (contracts.md)::
+Public API (README.md, Conventions)::
 
     import jemeval
     model = jemeval.load_model("runs/digits/best.pt")      # an EnergyModel

@@ -12,7 +12,7 @@ with ``torch.load(weights_only=True)``: opening a checkpoint can never execute c
 
 The JEM release's checkpoints (``{"model_state_dict", "replay_buffer"}`` or a bare state dict of
 its ``F`` module) are recognised from their keys; depth, width, norm and class count are inferred
-from tensor shapes (jem-reference.md section 3).
+from tensor shapes (the JEM release's wideresnet.py, see docs/interop.md).
 """
 from __future__ import annotations
 

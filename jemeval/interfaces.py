@@ -1,4 +1,4 @@
-"""The shapes of metrics and attacks (scores and models are fixed by contracts.md).
+"""The shapes of metrics and attacks (scores and models are fixed by README.md's conventions).
 
 Metrics
 -------

@@ -2,7 +2,7 @@
 
 Each supported layout is a :class:`ForeignLayout` in ``LAYOUTS``; ``match(obj)`` returns a
 :class:`FoundCheckpoint` (or None) whose ``build`` returns the model. All three share the JEM
-release's Wide ResNet module names (jem-reference.md section 3), so one WRN builder serves them;
+release's Wide ResNet module names (the JEM release's wideresnet.py, see docs/interop.md), so one WRN builder serves them;
 they differ in the keys that tell them apart and in the BatchNorm mode their authors' samplers use:
 
 * ``jem-release``: JEM (Grathwohl et al. 2020), no norm layers; its ``f.linear`` and

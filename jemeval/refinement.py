@@ -3,7 +3,7 @@
 Before classifying, each input is duplicated into ``chains`` copies, each copy gets
 ``sigma * N(0, I)`` noise and is moved by ``steps`` SGLD steps up log p~(x) (the shared
 :class:`jemeval.sampling.SGLD`), and the logits of the refined copies are averaged
-(jem-reference.md section 4; the paper uses 5 chains and 0, 1 or 10 steps).
+(the JEM paper's evaluation, docs/reproducing.md; the paper uses 5 chains and 0, 1 or 10 steps).
 
 How an attacker differentiates through this stochastic, iterative defence decides how strong the
 attack is, so it is an explicit, recorded setting (``grad_mode``):

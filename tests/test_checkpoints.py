@@ -13,7 +13,7 @@ from jemeval.errors import CheckpointError
 
 
 def release_state_dict(depth, widen, num_classes, seed=0, batchnorm=False, f_linear=True):
-    """Random tensors in the JEM release's key layout (jem-reference.md section 3), built from
+    """Random tensors in the JEM release's key layout (the JEM release's wideresnet.py, see docs/interop.md), built from
     the layout description alone (not from jemeval's modules)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -75,7 +75,7 @@ def reference_forward(sd, x, depth, batchnorm=False):
 
 def test_wrn_28_10_release_layout_has_the_published_size_and_loads_exactly(tmp_path):
     sd = release_state_dict(28, 10, 10)
-    assert sum(v.numel() for v in sd.values()) == 36_478_389  # jem-reference.md section 3
+    assert sum(v.numel() for v in sd.values()) == 36_478_389  # the JEM release's wideresnet.py, see docs/interop.md
     path = tmp_path / "CIFAR10_MODEL.pt"
     torch.save({"model_state_dict": sd, "replay_buffer": torch.rand(20, 3, 32, 32) * 2 - 1}, path)
     model = jemeval.load_model(path)

@@ -21,7 +21,7 @@ DEPTH, WIDEN, CLASSES = 10, 2, 10  # one block per stage: 16 / 32 / 64 / 128 cha
 
 
 def follow_up_state_dict(*, f_linear: bool, yopo: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A WRN state dict in the key layout of jem-reference.md section 3 with BatchNorm (JEM++ /
+    """A WRN state dict in the key layout of the JEM release's wideresnet.py, see docs/interop.md with BatchNorm (JEM++ /
     SADA-JEM: no ``f.linear``), random values everywhere, running statistics included."""
     g = torch.Generator().manual_seed(seed)
     sd: dict[str, torch.Tensor] = {}

@@ -1,4 +1,4 @@
-"""OOD and calibration metrics against scikit-learn and hand computations (contracts.md definitions)."""
+"""OOD and calibration metrics against scikit-learn and hand computations (definitions in README.md, Conventions)."""
 from __future__ import annotations
 
 import numpy as np

@@ -50,7 +50,7 @@ def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=No
 
 
 def sigma_option(fn):
-    """--sigma: the evaluation input noise, an explicit and recorded setting (contracts.md)."""
+    """--sigma: the evaluation input noise, an explicit and recorded setting (README.md, Conventions)."""
     return click.option(
         "--sigma", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
         help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: "

@@ -1,4 +1,4 @@
-"""Distal adversarials: nonsense images a classifier is confident about (jem-reference.md section 4).
+"""Distal adversarials: nonsense images a classifier is confident about (the JEM paper's evaluation, docs/reproducing.md).
 
 Start from U(-1, 1) noise and climb log p(y = target | x) by gradient ascent (Adam on the pixels,
 clamped to [-1, 1]) for ``steps`` steps, optionally through K steps of SGLD refinement (the

@@ -13,7 +13,7 @@ Two families of numbers, because the published ones cannot be reproduced everywh
   on small images such as digits, and :func:`frechet_distance` is plain numpy.
 
 Which samples were scored (fresh chains or replay buffer, steps, the top-confident filter) is
-part of every result: published IS/FID depend on it (jem-reference.md section 4).
+part of every result: published IS/FID depend on it (the JEM paper's evaluation, docs/reproducing.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Generation: draw samples from a JEM with SGLD, unconditionally or per class.
 
-JEM is a generative model too (jem-reference.md sections 2 and 4). Unconditional chains ascend
+JEM is a generative model too (the JEM paper, sections 4 and 5). Unconditional chains ascend
 log p~(x) = logsumexp f(x); class-conditional chains ascend log p~(x, y) = f(x)[y]. Chains start
 from fresh U(-1, 1) noise, from the checkpoint's replay buffer (class-conditional draws use the
 buffer's class blocks, as the JEM release does) or from real images.

@@ -1,4 +1,4 @@
-"""Metric definitions (contracts.md).
+"""Metric definitions (README.md, Conventions).
 
 OOD metrics, ``fn(id_scores, ood_scores) -> float``; scores: higher = more in-distribution.
 

@@ -9,7 +9,7 @@ batch), then reports one record per (score, OOD set) with every registered OOD m
 * FPR95: the fraction of OOD inputs accepted at the threshold that keeps 95% of in-distribution
   inputs (lower is better).
 
-Scores are "higher = more in-distribution" (contracts.md). The per-example scores can be saved
+Scores are "higher = more in-distribution" (README.md, Conventions). The per-example scores can be saved
 (:meth:`OODScores.save_npz`) so that anyone can recompute the metrics independently.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Adversarial robustness with SGLD refinement (jem-reference.md section 4), as a plain function.
+"""Adversarial robustness with SGLD refinement (the JEM paper's evaluation, docs/reproducing.md), as a plain function.
 
 ``robust(model, norm=..., refine_steps=[0, 1, 10], attacks=["pgd"])`` attacks a fixed, seeded
 random subset of the test set and returns one record per (attack, refinement steps K, gradient

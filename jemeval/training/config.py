@@ -21,7 +21,7 @@ OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
 OPTIMIZERS = ("adam", "sgd")
 
-#: The JEM release's settings (jem-reference.md section 2): WRN-28-10 without BatchNorm, Adam 1e-4,
+#: The JEM release's settings (the paper's Algorithm 1 and the release's defaults, docs/training.md): WRN-28-10 without BatchNorm, Adam 1e-4,
 #: batch 64, 20 SGLD steps of size 1 with noise 0.01, sigma 0.03, a 10,000-image buffer with 5%
 #: re-initialisation, 1,000 warm-up iterations, lr x0.3 at epochs 50 and 100 of 150, 5,000
 #: validation images.

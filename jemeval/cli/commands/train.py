@@ -58,7 +58,7 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
 @click.option("--sigma", type=float, help="Gaussian noise std added to training inputs [default: 0.03].")
 @click.option("--augment", help="auto (the dataset's recipe: CIFAR pad 4 + crop + flip, SVHN no flip), none, or 'pad=4,flip=1'.")
 @click.option("--labels-per-class", type=int, help="Semi-supervised: keep K labels per class (p(x) sees every image).")
-@click.option("--val-size", type=int, help="Validation images held out with a fixed seed [default: 5000; digits 150].")
+@click.option("--val-size", type=int, help="Validation images held out with a fixed seed [default: cifar/svhn 5000; digits 150; others 10%, at most 5000].")
 @click.option("--batch-size", type=int, help="Global batch size (split evenly over --nproc processes) [default: 64].")
 @click.option("--lr", type=float, help="Learning rate [default: 1e-4; digits 3e-3].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), help="Optimizer [default: adam].")
