@@ -212,9 +212,10 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 
 def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (same shape on every rank), e.g. the
-    per-rank replay buffers for a checkpoint. A collective; a copy in a single process."""
+    per-rank replay buffers for a checkpoint. A collective; in a single process the tensor itself
+    (no copy of a possibly large buffer: callers only read it)."""
     if not _active():
-        return tensor.clone()
+        return tensor
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)

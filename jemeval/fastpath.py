@@ -109,10 +109,6 @@ class FastPath:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def loader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader`` (pinned batches when on)."""
-        return {"pin_memory": bool(self.pin_memory and torch.cuda.is_available())}
-
 
 @dataclass(frozen=True)
 class PreparedModel:
