@@ -431,7 +431,7 @@ class Trainer:
                                         E_data=f"{m['e_data']:.3g}", E_q=f"{m['e_sample']:.3g}", refresh=False)
                 if self.on_step is not None:
                     self.on_step(self)
-                if self._stop_requested():
+                if self._stop_requested(at_check=self.step % self.config.check_every == 0):
                     self._check()  # never save a diverged state
                     self.epoch_stats.seconds += time.perf_counter() - started
                     self.elapsed += time.perf_counter() - started
@@ -442,10 +442,17 @@ class Trainer:
         self._end_epoch(started)
         return True
 
-    def _stop_requested(self) -> bool:
-        """A stop request (signal, :meth:`request_stop`) on any rank stops every rank at this iteration."""
-        if self.ctx.distributed and parallel.any_rank(self._stop_reason is not None, self.device):
-            self._stop_reason = self._stop_reason or "stop requested on another process"
+    def _stop_requested(self, at_check: bool = True) -> bool:
+        """A stop request (signal, :meth:`request_stop`) stops the run at this iteration.
+
+        Under DDP the ranks agree on it (a collective with a host sync) only at the divergence-check
+        iterations, so a stop waits at most ``check_every`` iterations and no sync is added per step.
+        """
+        if self.ctx.distributed:
+            if not at_check:
+                return False
+            if parallel.any_rank(self._stop_reason is not None, self.device):
+                self._stop_reason = self._stop_reason or "stop requested on another process"
         return bool(self._stop_reason)
 
     def _end_epoch(self, started: float) -> None:
