@@ -146,36 +146,30 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 def joint_logits(
     model: nn.Module,
-    x_data: torch.Tensor,
-    x_samples: torch.Tensor,
-    *,
+    *batches: torch.Tensor,
     fastpath: FastPath | None = None,
     shared: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 logits of the data batch and of the SGLD samples for the JEM loss.
+) -> list[torch.Tensor]:
+    """fp32 logits of each batch (e.g. data and SGLD samples for the JEM loss), in order.
 
-    With ``shared`` (default: when the model has no BatchNorm) both batches go through **one**
-    forward pass over ``cat([x_data, x_samples])``: one larger pass is cheaper than two (better
-    kernel utilisation, one weight read, one autograd graph) and gives the same logits. With
-    BatchNorm in train mode a shared pass would mix data and sample statistics, which changes the
-    model, so the batches then get separate passes (as the JEM release does).
-    The data logits serve both the classifier loss and log p~(x_data) when the labelled batch is
-    the data batch (fully supervised training), which saves the release's third pass.
+    With ``shared`` (default: when the model has no BatchNorm) all batches go through **one**
+    forward pass over their concatenation: one larger pass is cheaper than several (better kernel
+    utilisation, one weight read, one autograd graph) and gives the same logits. With BatchNorm in
+    train mode a shared pass would mix data and sample statistics, which changes the model, so the
+    batches then get separate passes (as the JEM release does). When the labelled batch is the data
+    batch (fully supervised training) its logits serve both the classifier loss and log p~(x_data),
+    which saves the release's third pass.
     """
     fp = fastpath or FastPath()
     if shared is None:
         shared = not has_batchnorm(unwrap(model))
-    device_type = x_data.device.type
-    if shared:
-        x = fp.to_input(torch.cat([x_data, x_samples.to(x_data.dtype)]))
-        with fp.autocast(device_type):
-            logits = model(x)
-        logits = to_fp32(logits)
-        return logits[: len(x_data)], logits[len(x_data):]
+    device_type = batches[0].device.type
+    dtype = batches[0].dtype
     with fp.autocast(device_type):
-        a = model(fp.to_input(x_data))
-        b = model(fp.to_input(x_samples))
-    return to_fp32(a), to_fp32(b)
+        if shared:
+            logits = to_fp32(model(fp.to_input(torch.cat([b.to(dtype) for b in batches]))))
+            return list(logits.split([len(b) for b in batches]))
+        return [to_fp32(model(fp.to_input(b))) for b in batches]
 
 
 def to_fp32(t: torch.Tensor) -> torch.Tensor:

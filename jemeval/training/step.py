@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..fastpath import FastPath, has_batchnorm, to_fp32
+from ..fastpath import FastPath, has_batchnorm, joint_logits
 from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
 from ..sampling_proximal import ProximalSGLD
 from .augment import Augment
@@ -71,9 +71,6 @@ class TrainStep:
             x = x + self.options.sigma * torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
         return x
 
-    def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fastpath.to_input(x)
-
     # -- negatives ------------------------------------------------------------------------------
     def negatives(self, n: int, y: torch.Tensor | None = None) -> torch.Tensor:
         """``n`` SGLD samples (class-conditional for labels ``y``): persistent or short-run chains."""
@@ -112,12 +109,10 @@ class TrainStep:
                 x_lab = x_lab * 1e6
         parts = [("lab", x_lab)] + [(k, v) for k, v in (("data", x_px), ("sample", x_q), ("sample_y", x_qy)) if v is not None]
         self.model.train()
-        with self.fastpath.autocast(self.device.type):
-            if self.batchnorm:  # batch statistics must not mix data and samples
-                outs = {k: to_fp32(self.forward_model(self._layout(v))) for k, v in parts}
-            else:
-                logits = to_fp32(self.forward_model(self._layout(torch.cat([v for _, v in parts]))))
-                outs = dict(zip([k for k, _ in parts], logits.split([v.shape[0] for _, v in parts])))
+        # one forward over data and samples unless BatchNorm statistics must not mix them
+        logits = joint_logits(self.forward_model, *[v for _, v in parts], fastpath=self.fastpath,
+                              shared=not self.batchnorm)
+        outs = dict(zip([k for k, _ in parts], logits))
         out = Logits(lab=outs["lab"], y_lab=y_lab, data=outs.get("data", outs["lab"] if w.px > 0 else None),
                      sample=outs.get("sample"), sample_y=outs.get("sample_y"), y_sample=y_lab if x_qy is not None else None)
         terms = jem_loss(out, w)
