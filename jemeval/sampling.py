@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .errors import UsageError
-
 from .fastpath import to_fp32
 
 if TYPE_CHECKING:

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .fastpath import to_fp32, unwrap
 from .errors import UsageError
+from .fastpath import to_fp32, unwrap
 from .sampling import SGLD, _autocast, _log_p, check_sampler_fields, frozen
 
 if TYPE_CHECKING:

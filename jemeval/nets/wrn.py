@@ -13,8 +13,8 @@ inputs and also works on smaller images.
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 NORMS = (None, "batch")
 

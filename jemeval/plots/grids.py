@@ -1,8 +1,8 @@
 """Image grids of samples: one row per class when labels are given, pixels mapped from [-1, 1]."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -16,18 +16,61 @@ def to_display(x: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).numpy()
 
 
+def mosaic(x: torch.Tensor, ncol: int, pad: int = 1) -> np.ndarray:
+    """N x C x H x W in [-1, 1] -> one H' x W' x C array in [0, 1], ``ncol`` images per row, white gaps."""
+    imgs = to_display(x)  # N, H, W, C
+    n, h, w, c = imgs.shape
+    nrows = -(-n // ncol)
+    full = np.ones((nrows * ncol, h + pad, w + pad, c), dtype=np.float32)
+    full[:n, :h, :w] = imgs
+    grid = full.reshape(nrows, ncol, h + pad, w + pad, c).transpose(0, 2, 1, 3, 4).reshape(nrows * (h + pad), ncol * (w + pad), c)
+    canvas = np.ones((grid.shape[0] + pad, grid.shape[1] + pad, c), dtype=np.float32)
+    canvas[pad:, pad:] = grid
+    return canvas
+
+
+def _save_mosaic(x: torch.Tensor, path: str | Path, *, ncol: int, row_labels: Sequence[str] | None = None,
+                title: str | None = None) -> Path:
+    plt = pyplot()
+    canvas = mosaic(x, ncol)
+    h, w = canvas.shape[:2]
+    scale = 6.0 / max(h, w)
+    fig, ax = plt.subplots(figsize=(max(2.0, w * scale + (0.6 if row_labels else 0)), max(2.0, h * scale + (0.4 if title else 0))))
+    if canvas.shape[-1] == 1:
+        ax.imshow(canvas[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    else:
+        ax.imshow(canvas, interpolation="nearest")
+    ax.set_xticks([])
+    if row_labels:
+        cell = (h - 1) / len(row_labels)
+        ax.set_yticks([1 + cell * (i + 0.5) for i in range(len(row_labels))], list(row_labels), fontsize=8)
+        ax.tick_params(length=0)
+    else:
+        ax.set_yticks([])
+    for s in ax.spines.values():
+        s.set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=9)
+    save_figure(fig, path)
+    return Path(path)
+
+
 def save_image_grid(x: torch.Tensor, path: str | Path, *, nrow: int | None = None,
                     row_labels: Sequence[str] | None = None, title: str | None = None,
                     captions: Sequence[str] | None = None) -> Path:
     """Save ``x`` (N x C x H x W in [-1, 1]) as a PNG grid of ``nrow`` images per row.
 
     ``row_labels`` names each row (e.g. the class); ``captions`` labels each image (e.g. a
-    confidence). Grayscale images are drawn in gray, colour images as RGB.
+    confidence). Grayscale images are drawn in gray, colour images as RGB. Without captions the
+    grid is drawn as ONE image (a mosaic): ~50 ms instead of seconds for one axis per image, which
+    matters for the trainer's per-epoch grids.
     """
+    n = len(x)
+    ncol = nrow or int(np.ceil(np.sqrt(n)))
+    if captions is None:
+        return _save_mosaic(x, path, ncol=ncol, row_labels=row_labels, title=title)
     plt = pyplot()
     imgs = to_display(x)
-    n = len(imgs)
-    ncol = nrow or int(np.ceil(np.sqrt(n)))
     nrows = int(np.ceil(n / ncol)) if n else 1
     size = 1.0 if imgs.shape[1] <= 16 else 1.2
     fig, axes = plt.subplots(nrows, ncol, figsize=(ncol * size + (0.8 if row_labels else 0), nrows * size + (0.4 if title else 0)),
