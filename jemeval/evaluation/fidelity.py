@@ -131,6 +131,10 @@ def require_torch_fidelity():
     return torch_fidelity
 
 
+#: weights files already validated in this process, by (path, size, mtime)
+_CHECKED_WEIGHTS: dict[tuple[str, int, float], dict[str, Any]] = {}
+
+
 def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
     """Validate an Inception weights file before the library opens it; returns its identity.
 
@@ -144,6 +148,10 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise UsageError(f"--inception-weights {str(p)!r} does not exist; " + missing_weights_message().split(": ", 1)[1])
+    stat = p.stat()
+    key = (str(p.resolve()), stat.st_size, stat.st_mtime)
+    if key in _CHECKED_WEIGHTS:  # the CLI checks before sampling; fidelity() must not reload ~95 MB
+        return dict(_CHECKED_WEIGHTS[key])
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways; each becomes one line
@@ -156,7 +164,8 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
         raise CheckpointError(f"--inception-weights {str(p)!r} is not torch-fidelity's InceptionV3 (no {problems[0]!r} "
                               f"of shape {list(_INCEPTION_KEYS[problems[0]])}); expected {INCEPTION_FILE}")
     sha = file_sha256(p)
-    return {"path": str(p), "sha256": sha, "is_release_file": sha.startswith(INCEPTION_SHA256_PREFIX)}
+    _CHECKED_WEIGHTS[key] = {"path": str(p), "sha256": sha, "is_release_file": sha.startswith(INCEPTION_SHA256_PREFIX)}
+    return dict(_CHECKED_WEIGHTS[key])
 
 
 def to_uint8_rgb(x: torch.Tensor) -> torch.Tensor:
