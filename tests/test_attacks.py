@@ -184,7 +184,7 @@ def test_an_attack_leaving_the_ball_is_refused(digits_classifier_ckpt):
 
 
 def test_unknown_norms_and_bad_steps_are_usage_errors():
-    with pytest.raises(UsageError, match="unknown norm 'l1'"):
+    with pytest.raises(UsageError, match=r"unknown norm 'l1' \(did you mean"):
         attacks.pgd("l1")
     with pytest.raises(UsageError, match="steps >= 1"):
         attacks.pgd("l2", steps=0)

@@ -26,13 +26,8 @@ from .batching import (
     run_batches,
     training_dataset,
 )
+from .calibration import softmax64
 from .metric_functions import nll as nll_metric
-
-
-def _softmax64(logits: np.ndarray) -> np.ndarray:
-    from .calibration import softmax64
-
-    return softmax64(logits)
 
 
 def evaluate(
@@ -89,7 +84,7 @@ def evaluate(
         if out.labels.max() >= out.logits.shape[1]:
             raise UsageError(f"dataset {data!r} has label {int(out.labels.max())} but the model has "
                              f"{out.logits.shape[1]} classes")
-        probs = _softmax64(out.logits)
+        probs = softmax64(out.logits)
         record = {
             "data": data, "split": split, "refine_steps": k,
             "accuracy": float(np.mean(probs.argmax(axis=1) == out.labels)),

@@ -65,10 +65,13 @@ def foolbox_model(model: nn.Module, device: torch.device | str | None = None):
         return fb.PyTorchModel(model, bounds=BOUNDS, device=device)
 
 
-def check_norm(norm: str, allowed: Sequence[str] = NORMS, what: str = "attack") -> str:
+def check_norm(norm: str, allowed: Sequence[str] = NORMS, what: str = "norm") -> str:
+    """The norm in lower case, or one line naming it, a suggestion and the allowed ones."""
+    from ..errors import did_you_mean
+
     norm = str(norm).lower()
     if norm not in allowed:
-        raise UsageError(f"unknown norm {norm!r} for this {what}: use one of {', '.join(allowed)}")
+        raise UsageError(f"unknown {what} {norm!r}{did_you_mean(norm, allowed)}: use one of {', '.join(allowed)}")
     return norm
 
 

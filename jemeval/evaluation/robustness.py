@@ -34,6 +34,7 @@ from ..provenance import provenance
 from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note
 from ..results import Result
 from ..sampling import frozen, recorded_sgld
+from .attacks import check_norm, perturbation_norm, project_to_ball
 from .batching import check_input_shape, prepare_model, training_dataset
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
@@ -208,11 +209,7 @@ def robust(
 
     from ..data import input_shape_of, load_dataset, subsample, to_arrays
 
-    norm = str(norm).lower()
-    if norm not in NORMS:
-        from ..errors import did_you_mean
-
-        raise UsageError(f"unknown --norm {norm!r}{did_you_mean(norm, NORMS)}; use l2 or linf")
+    norm = check_norm(norm, what="--norm")
     ks = check_refine_steps([refine_steps] if isinstance(refine_steps, int) else refine_steps)
     modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
     attack_specs = [attacks] if isinstance(attacks, str) or callable(attacks) else list(attacks)
@@ -283,7 +280,7 @@ def robust(
             with seeded(seed + 7919 * b, device), frozen(model):
                 if getattr(attack, "minimization", False) and hasattr(attack, "minimize"):
                     raw = attack.minimize(attacked, xb, yb).detach()
-                    adv = torch.stack([_project(xb, raw, e, norm) for e in eps])
+                    adv = torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps])
                 else:
                     raw = None
                     adv = attack(attacked, xb, yb, eps)
@@ -293,7 +290,7 @@ def robust(
             correct_adv[:, lo:hi] = preds == yb
             if raw is not None:  # verified minimal perturbation, pixel units
                 fooled = predict_batches(checker, raw, batch_size) != yb
-                size = _size(xb, raw, norm).double() / 2
+                size = perturbation_norm(xb, raw, norm).double() / 2
                 min_pert[lo:hi] = torch.where(fooled, size, torch.full_like(size, math.inf))
             bar.update(1)
         seconds = time.perf_counter() - start
@@ -352,17 +349,6 @@ def robust(
                         title=f"{data}: robust accuracy vs {norm} epsilon (n={len(x)}, chains={chains}, sigma={sigma:g})")
     return result
 
-
-def _size(x: torch.Tensor, x_adv: torch.Tensor, norm: str) -> torch.Tensor:
-    from .attacks import perturbation_norm
-
-    return perturbation_norm(x, x_adv, norm)
-
-
-def _project(x: torch.Tensor, x_adv: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
-    from .attacks import project_to_ball
-
-    return project_to_ball(x, x_adv, pixel_to_model_scale(eps), norm)
 
 
 # -- the adaptive-defence checklist ------------------------------------------------------------------
