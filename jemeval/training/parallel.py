@@ -37,11 +37,16 @@ def join(device: torch.device, global_batch: int) -> D.DistContext:
         ctx = D.init_from_env(backend=backend)
     except JemevalError as exc:
         raise UsageError(str(exc)) from None
-    if ctx.distributed and global_batch % ctx.world_size:
-        m = ctx.world_size
+    check_global_batch(global_batch, ctx.world_size)
+    return ctx
+
+
+def check_global_batch(global_batch: int, world_size: int) -> None:
+    """``--batch-size`` is the global batch: it must split evenly over the processes (one line)."""
+    if world_size > 1 and global_batch % world_size:
+        m = world_size
         raise UsageError(f"--batch-size {global_batch} is the global batch and must be divisible by the "
                          f"{m} processes: use a multiple of {m}, e.g. {max(m, global_batch - global_batch % m)}")
-    return ctx
 
 
 def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:

@@ -138,14 +138,10 @@ def _check_launch(config, nproc: int) -> None:
 
     from ...distributed import DistContext
     from ...training.config import load_resume_checkpoint
-    from ...training.parallel import buffer_share, check_world
+    from ...training.parallel import buffer_share, check_global_batch, check_world
 
     fake = DistContext(world_size=nproc)
-    if config.batch_size % nproc:
-        from ...errors import UsageError
-
-        raise UsageError(f"--batch-size {config.batch_size} is the global batch and must be divisible by the "
-                         f"{nproc} processes: use a multiple of {nproc}")
+    check_global_batch(config.batch_size, nproc)
     if config.samples and not config.short_run:
         buffer_share(config.buffer_size, fake)
     if config.resume:
