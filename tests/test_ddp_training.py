@@ -27,11 +27,12 @@ from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
 
 TINY = ["digits[0-2]", "--arch", "cnn:width=8", "--batch-size", "32", "--lr", "2e-3", "--warmup-iters", "4",
-        "--decay-epochs=", "--val-size", "60", "--sgld-steps", "2", "--buffer-size", "120", "--seed", "3"]
+        "--decay-epochs=", "--val-size", "60", "--sgld-steps", "2", "--buffer-size", "120", "--seed", "3",
+        "--device", "cpu"]  # gloo on CPU, also where a GPU is visible
 CLASSIFIER = ["--px-weight", "0", "--sigma", "0", "--augment", "none"]
 API = {"arch": "cnn:width=8", "batch_size": 32, "lr": 2e-3, "warmup_iters": 4,
        "decay_epochs": (), "val_size": 60, "sgld_steps": 2, "buffer_size": 120, "seed": 3, "progress": False,
-       "test_eval": False}
+       "test_eval": False, "device": "cpu"}
 
 
 def _env() -> dict:

@@ -16,6 +16,8 @@ from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
 
 MAX_CLASS_ROWS = 10
 PER_CLASS = 10
+#: The names of the grids :func:`save_epoch_grids` writes into samples/ (a regular expression).
+GRID_NAMES = r"(?:buffer|conditional)_epoch\d{3,}\.png"
 
 
 def buffer_images(buffer: ReplayBuffer | None, last_samples: torch.Tensor | None, class_blocks: bool, num_classes: int,
