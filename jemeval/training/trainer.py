@@ -7,7 +7,12 @@ A run writes into its folder (``--out``, default runs/DATASET):
   everything a resume needs: weights, optimizer, replay buffer, counters, every RNG state, the
   metrics rows and the recovery adjustments. ``--resume`` continues bit-for-bit on CPU.
 * ``best.pt`` whenever the validation accuracy improves (every epoch without a validation split).
-* ``metrics.csv`` (see :mod:`.metrics`) and ``samples/*.png`` grids (see :mod:`.visuals`).
+* ``metrics.csv`` (see :mod:`.metrics`), rewritten from ``last.pt`` on every resume, and
+  ``samples/*.png`` grids (see :mod:`.visuals`).
+
+Before anything is read or written, rank 0 claims the folder (:mod:`.rundir`): it creates it (not
+its parents), locks it against a second trainer, refuses to start over an existing run unless
+``resume`` or ``overwrite``, and removes temporary files of writes a kill interrupted.
 
 Under ``torchrun`` (or ``jemeval train --nproc N``) the same loop runs on every rank with
 DistributedDataParallel; :mod:`.parallel` states what changes (global batch, per-rank buffers and
