@@ -244,10 +244,10 @@ def _busy(out: Path, holder: dict) -> str:
 
 
 def _alive(holder: dict) -> bool:
-    """Whether the lock's holder still runs. A holder on another host is assumed alive (we cannot
-    tell); on this host the pid must exist and, where /proc tells, have the recorded start time
+    """Whether the lock's holder still runs. A holder on another host (or on Windows) is assumed
+    alive (we cannot tell); on this host the pid must exist and, where /proc tells, have the recorded start time
     (a recycled pid, e.g. in a restarted container, is not the holder)."""
-    if holder.get("host") != socket.gethostname():
+    if holder.get("host") != socket.gethostname() or os.name == "nt":  # Windows: os.kill(pid, 0) is no probe
         return True
     pid = holder["pid"]
     if pid <= 0:
