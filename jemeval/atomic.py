@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+
+TEMP_SUFFIX = ".tmp"
+#: What ``tempfile.mkstemp`` puts between prefix and suffix: 8 characters from this set.
+_MKSTEMP_RANDOM = r"[a-z0-9_]{8}"
 
 
 @contextlib.contextmanager
@@ -17,7 +22,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
     except OSError as exc:  # a read-only or impossible location is the caller's path, not a bug
         from .errors import UsageError
 
@@ -54,3 +59,18 @@ def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def stale_temp_files(folder: str | os.PathLike, names: str) -> list[Path]:
+    """The temporary files :func:`atomic_path` left in ``folder`` for targets whose names match the
+    regular expression ``names`` (e.g. ``r"last\\.pt|best\\.pt"``).
+
+    A kill between ``mkstemp`` and the rename leaves ``.NAME.XXXXXXXX.tmp`` behind. Only that exact
+    pattern matches (a user's own hidden files never do); a caller removes them only when it knows
+    no other writer is active in ``folder`` (e.g. while holding the folder's lock).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(rf"\.(?:{names})\.{_MKSTEMP_RANDOM}{re.escape(TEMP_SUFFIX)}")
+    return sorted(p for p in folder.iterdir() if pattern.fullmatch(p.name) and p.is_file())

@@ -149,6 +149,15 @@ def init_from_env(
     return ctx
 
 
+def available_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's
+    cpuset; ``os.cpu_count()`` where the platform has no such mask)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, *, shuffle: bool = True,
                   drop_last: bool = False) -> torch.Tensor:
     """This rank's dataset indices for ``epoch``: the same permutation on every rank, dealt out.

@@ -48,7 +48,7 @@ def digits_classifier_ckpt(tmp_path_factory):
 #: A shortened version of `jemeval train digits` (fewer epochs and SGLD steps, no grids): ~94% test
 #: accuracy and log p(x) AUROC ~1.0 against U(-1, 1) noise; about 15 s of one CPU core.
 DIGITS_JEM_FIXTURE = {"epochs": 12, "sgld_steps": 5, "decay_epochs": (9,), "grid_every": 0, "test_eval": False,
-                      "progress": False, "seed": 0}
+                      "progress": False, "seed": 0, "device": "cpu"}
 
 
 def _train_digits_jem(out, **changes):

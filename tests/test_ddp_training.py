@@ -15,8 +15,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -25,13 +27,15 @@ from jemeval.checkpoints import read_checkpoint
 from jemeval.distributed import DistContext
 from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
+from jemeval.training.rundir import LOCK_NAME
 
 TINY = ["digits[0-2]", "--arch", "cnn:width=8", "--batch-size", "32", "--lr", "2e-3", "--warmup-iters", "4",
-        "--decay-epochs=", "--val-size", "60", "--sgld-steps", "2", "--buffer-size", "120", "--seed", "3"]
+        "--decay-epochs=", "--val-size", "60", "--sgld-steps", "2", "--buffer-size", "120", "--seed", "3",
+        "--device", "cpu"]  # gloo on CPU, also where a GPU is visible
 CLASSIFIER = ["--px-weight", "0", "--sigma", "0", "--augment", "none"]
 API = {"arch": "cnn:width=8", "batch_size": 32, "lr": 2e-3, "warmup_iters": 4,
        "decay_epochs": (), "val_size": 60, "sgld_steps": 2, "buffer_size": 120, "seed": 3, "progress": False,
-       "test_eval": False}
+       "test_eval": False, "device": "cpu"}
 
 
 def _env() -> dict:
@@ -64,6 +68,8 @@ def test_classifier_two_processes_match_one(tmp_path):
     assert two.stdout.count('"status"') == 1  # the summary comes from rank 0 only
     summary = json.loads(two.stdout)
     assert summary["world_size"] == 2 and summary["config"]["resolved"]["per_rank_batch"] == 16
+    # --device cpu: gloo processes on CPU even where CUDA is visible
+    assert summary["config"]["resolved"]["backend"] == "gloo" and summary["config"]["resolved"]["device"] == "cpu"
     one = train(resolve_config("digits[0-2]", **{**API, "px_weight": 0.0, "sigma": 0.0, "augment": "none", "epochs": 2},
                                out=str(tmp_path / "one")))
     a, b = rows(tmp_path / "one" / "metrics.csv"), rows(tmp_path / "two" / "metrics.csv")
@@ -115,6 +121,20 @@ def test_nproc_flag_relaunches_and_checks_the_batch(tmp_path):
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "--batch-size 31 is the global batch and must be divisible by the 2 processes" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_locked_run_folder_stops_every_process_at_once(tmp_path):
+    """Only rank 0 takes the run folder's lock; when another process holds it, every rank exits with
+    the one-line refusal instead of waiting for rank 0 (the process-group timeout is 10 minutes)."""
+    out = tmp_path / "locked"
+    out.mkdir()
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "start": None, "token": "t"}  # a live process
+    (out / LOCK_NAME).write_text(json.dumps(holder))
+    started = time.monotonic()
+    res = torchrun(*TINY, "--epochs", "1", "--no-progress", "--out", str(out))
+    assert res.returncode != 0 and time.monotonic() - started < 100
+    assert res.stderr.count(f"in use by another jemeval train (process {os.getpid()})") == 2  # both ranks say why
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
 
 
 class _Rank1(DistContext):

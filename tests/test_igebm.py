@@ -289,7 +289,7 @@ def test_briefly_trained_igebm_runs_through_ood_and_calibrate(tmp_path):
     trained = runner.invoke(cli, [
         "train", "digits", "--arch", "igebm:width=4,blocks=1", "--objective", "factored", "--epochs", "1",
         "--sgld-steps", "2", "--warmup-iters", "0", "--buffer-size", "100", "--batch-size", "128", "--out", str(tmp_path / "run"),
-        "--no-progress", "--json"])
+        "--no-progress", "--json", "--device", "cpu"])
     assert trained.exit_code == 0, trained.output
     ckpt = json.loads(trained.stdout)["best"]
     model = jemeval.load_model(ckpt)

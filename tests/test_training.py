@@ -34,7 +34,7 @@ from jemeval.training.state import capture_rng, restore_rng
 # A tiny run: 3 digit classes (343 training images after validation), batch 32 -> 10 iterations per epoch.
 TINY = {"dataset": "digits[0-2]", "arch": "cnn:width=8", "epochs": 2, "batch_size": 32, "lr": 2e-3, "warmup_iters": 4,
         "decay_epochs": (), "sgld_steps": 2, "buffer_size": 120, "val_size": 60, "progress": False,
-        "test_eval": False, "check_every": 2}
+        "test_eval": False, "check_every": 2, "device": "cpu"}
 
 
 def tiny(tmp_path, name="run", **changes) -> TrainConfig:
@@ -346,7 +346,7 @@ def test_cifar_shaped_npz_with_wrn_trains_checkpoints_and_resumes(tmp_path):
     path = tmp_path / "tiny_cifar.npz"
     np.savez(path, x=rng.integers(0, 256, (48, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 48))
     cfg = {"arch": "wrn:depth=10,widen=2", "batch_size": 16, "sgld_steps": 1, "buffer_size": 40, "val_size": 8,
-               "augment": "pad=4,flip=1", "progress": False, "test_eval": False, "grid_every": 1}
+           "augment": "pad=4,flip=1", "progress": False, "test_eval": False, "grid_every": 1, "device": "cpu"}
     first = train(f"npz:{path}", epochs=1, out=str(tmp_path / "run"), **cfg)
     assert first["steps"] == 2
     model = jemeval.load_model(first["last"])
@@ -366,7 +366,7 @@ def invoke(*args):
 def test_cli_trains_and_prints_json(tmp_path):
     args = ["digits[0-2]", "--arch", "cnn:width=8", "--epochs", "1", "--batch-size", "64", "--sgld-steps", "1",
             "--buffer-size", "60", "--val-size", "60", "--out", str(tmp_path / "cli"), "--no-progress", "--json",
-            "--decay-epochs", "5", "--sigma", "0.05"]
+            "--decay-epochs", "5", "--sigma", "0.05", "--device", "cpu"]
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -399,7 +399,7 @@ def test_benchmark_prints_ratios():
     spec = importlib.util.spec_from_file_location("train_step", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "train_step.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    r = bench.main(["--arch", "cnn:width=8", "--batch", "16", "--steps", "2", "--repeats", "1", "--json"])
+    r = bench.main(["--arch", "cnn:width=8", "--batch", "16", "--steps", "2", "--repeats", "1", "--json", "--device", "cpu"])
     assert r["sgld_step_over_forward_backward"] > 0 and r["jem_iteration_over_plain_iteration"] > 1
     assert r["jem_images_per_s"] > 0
 
@@ -432,7 +432,7 @@ def test_proximal_sampler_trains_and_its_checkpoint_samples_and_refines(tmp_path
     out = tmp_path / "prox"
     args = ["train", "digits[0-2]", "--arch", "cnn:width=8", "--epochs", "1", "--batch-size", "32", "--sgld-steps", "2",
             "--buffer-size", "120", "--val-size", "60", "--sampler", "proximal", "--inner-steps", "2",
-            "--inner-step-size", "0.1", "--no-progress", "--out", str(out), "--json"]
+            "--inner-step-size", "0.1", "--no-progress", "--out", str(out), "--json", "--device", "cpu"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)

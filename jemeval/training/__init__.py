@@ -8,7 +8,8 @@
 Modules, one job each: config (settings and defaults), splits (validation split, labelled subset),
 augment (tensor-level augmentation), objectives (loss terms), step (one iteration), schedule (lr),
 divergence (detection and the recovery ladder), state (RNG state), metrics (metrics.csv),
-visuals (sample grids), evaluate (accuracy), trainer (the loop, checkpoints, resume, signals).
+visuals (sample grids), evaluate (accuracy), rundir (the run folder: lock, no silent replacement,
+cleanup), trainer (the loop, checkpoints, resume, signals).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def train(config: TrainConfig | str | None = None, *, on_step: Callable | None =
     """Train a JEM (or the plain classifier with ``px_weight=0``); returns the run summary.
 
     ``config`` is a :class:`TrainConfig`, or a dataset spec whose defaults ``overrides`` adjust.
+    A folder ``out`` that holds a run is refused unless ``resume=True`` (continue it) or
+    ``overwrite=True`` (replace it); one process at a time trains in a folder (see :mod:`.rundir`).
     The summary holds the paths (best.pt, last.pt, metrics.csv), best/final accuracies, the test
     accuracy of best.pt, the number of divergence recoveries, timings, the config and provenance.
     """

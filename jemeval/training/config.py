@@ -9,7 +9,9 @@ laptop-sized recipe for the embedded ``digits``), then what the user sets explic
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, did_you_mean
@@ -72,8 +74,11 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 #: Options a ``--resume`` may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
-                               "resume", "compile", "test_eval", "grid_every",
+                               "resume", "overwrite", "compile", "test_eval", "grid_every",
                                "inject_divergence"})
+
+RESUME_OR_OVERWRITE = ("--resume continues the run in --out and --overwrite replaces it: give one of them, "
+                       "not both")
 
 
 @dataclass
@@ -146,7 +151,8 @@ class TrainConfig:
     eval_batch_size: int = 500
     eval_sigma: float = 0.0  # noise on validation/test inputs (recorded)
     test_eval: bool = True  # evaluate best.pt on the test split at the end
-    resume: bool = False
+    resume: bool = False  # continue the run in out_dir from its last.pt
+    overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
     # Python-only test hook: {"step": S, "kind": "nan"|"energy", "times": 1} forces a divergence
     inject_divergence: dict | None = None
 
@@ -229,6 +235,7 @@ class TrainConfig:
         need(self.max_recoveries >= 0, f"--max-recoveries must be >= 0, got {self.max_recoveries}")
         need(self.check_every >= 1, f"check_every must be >= 1, got {self.check_every}")
         need(self.grid_every >= 0, f"grid_every must be >= 0, got {self.grid_every}")
+        need(not (self.resume and self.overwrite), RESUME_OR_OVERWRITE)
         need(self.pyx_weight > 0 or self.samples, "every loss weight is 0: set --pyx-weight, --px-weight or --pxy-weight above 0")
         if self.objective == "factored":
             need(self.pyx_weight == 0 and self.px_weight == 0,
@@ -287,6 +294,8 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     """
     config = TrainConfig.from_dict(stored)
     given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("overwrite"):
+        raise UsageError(RESUME_OR_OVERWRITE)
     changed = []
     for key, value in given.items():
         if key in RESUMABLE_CHANGES:
@@ -302,19 +311,23 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
             "drop them or start a new run with another --out"
         )
     changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES and hasattr(config, k)}
-    changes["resume"] = True
+    changes.update(resume=True, overwrite=False)  # a run started with overwrite=True resumes without it
     return config.replace(**changes).validate()
+
+
+def resume_path(out: str | os.PathLike) -> Path:
+    """``out/last.pt``, which a resume continues (a one-line error when there is none)."""
+    path = Path(out) / "last.pt"
+    if not path.exists():
+        raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume or pass the run's --out")
+    return path
 
 
 def load_resume_checkpoint(out: str) -> dict[str, Any]:
     """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
-    from pathlib import Path
-
     from ..checkpoints import read_checkpoint
 
-    path = Path(out) / "last.pt"
-    if not path.exists():
-        raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume or pass the run's --out")
+    path = resume_path(out)
     ckpt = read_checkpoint(path)
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict) and isinstance(ckpt.get("config"), dict)):
         raise UsageError(f"--resume: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
@@ -328,6 +341,8 @@ def resume_from(dataset: str, **given: Any) -> TrainConfig:
     ``given`` holds only what the caller set explicitly: everything else comes from the stored run,
     and an explicit setting that differs from it is an error (see :func:`resume_config`).
     """
+    if given.get("overwrite"):
+        raise UsageError(RESUME_OR_OVERWRITE)
     out = given.get("out") or f"runs/{parse_spec(dataset).name}"
     stored = load_resume_checkpoint(out)["config"]
     if stored.get("dataset") not in (None, dataset):

@@ -1,7 +1,7 @@
 """metrics.csv: one row per epoch, plus one row per divergence event, rewritten atomically.
 
-The rows also travel inside ``last.pt`` so that ``--resume`` continues the file exactly (a crash
-between the checkpoint and the CSV cannot leave them out of step). Read it with
+The rows also travel inside ``last.pt``, and every start and resume rewrites the file from them: a
+kill between the checkpoint and the CSV write cannot leave the CSV a row short for good. Read it with
 ``pandas.read_csv(path)``; the ``event`` column is empty on ordinary epochs and says what
 happened otherwise ("diverged: ...", "recovered: rollback to epoch 3, reseed 1001, lr 5e-05").
 """

@@ -18,6 +18,7 @@ The semantics (docs/training.md, "Several processes"):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,6 +48,23 @@ def check_global_batch(global_batch: int, world_size: int) -> None:
         m = world_size
         raise UsageError(f"--batch-size {global_batch} is the global batch and must be divisible by the "
                          f"{m} processes: use a multiple of {m}, e.g. {max(m, global_batch - global_batch % m)}")
+
+
+def check_nproc(nproc: int, device: torch.device) -> None:
+    """Refuse more local processes than there are devices for them, before any starts (one line):
+    one GPU each with nccl, one CPU core each with gloo (more only thrash and can exhaust memory)."""
+    if nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {nproc}")
+    if device.type == "cuda":
+        have = torch.cuda.device_count()
+        if nproc > have:
+            raise UsageError(f"--nproc {nproc} needs one GPU per process but {have} GPU(s) are visible: use --nproc "
+                             f"{have} or fewer, or --device cpu for {nproc} gloo processes on CPU")
+        return
+    cores = D.available_cpus()
+    if nproc > cores:
+        raise UsageError(f"--nproc {nproc} is more than the {cores} CPU core(s) available to gloo processes on CPU: "
+                         f"use --nproc {cores} or fewer")
 
 
 def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
@@ -101,3 +119,21 @@ def buffer_share(buffer_size: int, ctx: D.DistContext) -> int:
         raise UsageError(f"--buffer-size {buffer_size} leaves no chains for each of {ctx.world_size} processes: "
                          f"use at least {ctx.world_size}")
     return share
+
+
+def on_main(fn: Callable[[], Any], ctx: D.DistContext) -> Any:
+    """``fn()`` on rank 0 only (its result there, None elsewhere), with its error raised on every
+    rank: a collective, so the other ranks stop too instead of waiting for rank 0 forever."""
+    result, error = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+            error = exc
+    told = gather_objects(None if error is None else (isinstance(error, UsageError), str(error)))[0]
+    if error is not None:
+        raise error
+    if told is not None:
+        usage, message = told
+        raise (UsageError if usage else JemevalError)(message)
+    return result

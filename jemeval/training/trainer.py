@@ -7,7 +7,12 @@ A run writes into its folder (``--out``, default runs/DATASET):
   everything a resume needs: weights, optimizer, replay buffer, counters, every RNG state, the
   metrics rows and the recovery adjustments. ``--resume`` continues bit-for-bit on CPU.
 * ``best.pt`` whenever the validation accuracy improves (every epoch without a validation split).
-* ``metrics.csv`` (see :mod:`.metrics`) and ``samples/*.png`` grids (see :mod:`.visuals`).
+* ``metrics.csv`` (see :mod:`.metrics`), rewritten from ``last.pt`` on every resume, and
+  ``samples/*.png`` grids (see :mod:`.visuals`).
+
+Before anything is read or written, rank 0 claims the folder (:mod:`.rundir`): it creates it (not
+its parents), locks it against a second trainer, refuses to start over an existing run unless
+``resume`` or ``overwrite``, and removes temporary files of writes a kill interrupted.
 
 Under ``torchrun`` (or ``jemeval train --nproc N``) the same loop runs on every rank with
 DistributedDataParallel; :mod:`.parallel` states what changes (global batch, per-rank buffers and
@@ -37,7 +42,7 @@ from ..fastpath import FastPath
 from ..models import create_model
 from ..provenance import provenance
 from ..sampling import ReplayBuffer
-from . import parallel
+from . import parallel, rundir
 from .augment import augment_for
 from .config import TrainConfig, load_resume_checkpoint, resume_config
 from .divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
@@ -113,20 +118,27 @@ class Trainer:
         self._stop_reason = self._stop_reason or reason
 
     # -- setup ---------------------------------------------------------------------------------
-    def _setup(self) -> None:
-        cfg = self.config
-        ckpt = None
-        if cfg.resume:
-            ckpt = load_resume_checkpoint(str(self.out))
-            given = {k: v for k, v in asdict(cfg).items() if k != "out"}
-            self.config = cfg = resume_config(ckpt["config"], **given, out=cfg.out)
-        self.device = _resolve_device(cfg.device)
-        self.ctx = parallel.join(self.device, cfg.batch_size)
+    def _enter_run(self) -> dict | None:
+        """Join the process group, claim the run folder (rank 0 creates and locks it; every rank gets
+        its one-line refusal, so none waits for a failed rank 0), and for a resume read last.pt,
+        under the lock: no other process writes it meanwhile. Returns that checkpoint, or None."""
+        self.device = _resolve_device(self.config.device)
+        self.ctx = parallel.join(self.device, self.config.batch_size)
         self._owns_group = self.ctx.distributed
         if self.ctx.distributed:
             self.device = self.ctx.device
-        if ckpt is not None:
-            parallel.check_world(ckpt["training_state"].get("world_size"), self.ctx, self.out / "last.pt")
+        self._lock = parallel.on_main(lambda: rundir.claim(self.config), self.ctx)
+        if not self.config.resume:
+            return None
+        ckpt = load_resume_checkpoint(str(self.out))
+        given = {k: v for k, v in asdict(self.config).items() if k != "out"}
+        self.config = resume_config(ckpt["config"], **given, out=self.config.out)
+        parallel.check_world(ckpt["training_state"].get("world_size"), self.ctx, self.out / "last.pt")
+        return ckpt
+
+    def _setup(self) -> None:
+        ckpt = self._enter_run()
+        cfg = self.config
         self.fastpath = FastPath.for_device(self.device, bf16=cfg.bf16, channels_last=cfg.channels_last,
                                             compile=cfg.compile, pin_memory=False)
         self.generator = torch.Generator(device=self.device)
@@ -516,18 +528,20 @@ class Trainer:
     # -- run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train to ``epochs``; returns the summary (on every rank; files come from rank 0)."""
-        self._owns_group = False
+        self._owns_group, self._lock = False, None
         try:
             self._setup()
             return self._run()
         finally:
+            if self._lock is not None:
+                self._lock.release()
             if self._owns_group:
                 D.destroy()
 
     def _run(self) -> dict[str, Any]:
         cfg = self.config
+        self._write_metrics()  # on a resume: from last.pt's rows, which a kill before the CSV write kept
         if not cfg.resume:
-            self._write_metrics()
             self._save_last()
         previous = self._install_signals()
         status = "completed"

@@ -16,6 +16,8 @@ from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
 
 MAX_CLASS_ROWS = 10
 PER_CLASS = 10
+#: The names of the grids :func:`save_epoch_grids` writes into samples/ (a regular expression).
+GRID_NAMES = r"(?:buffer|conditional)_epoch\d{3,}\.png"
 
 
 def buffer_images(buffer: ReplayBuffer | None, last_samples: torch.Tensor | None, class_blocks: bool, num_classes: int,
@@ -55,6 +57,7 @@ def save_epoch_grids(out_dir: Path, epoch: int, *, model, sgld: SGLD, buffer: Re
     """Write samples/buffer_epochNNN.png and samples/conditional_epochNNN.png."""
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
     folder = out_dir / "samples"
+    folder.mkdir(exist_ok=True)  # inside the run folder, which the trainer created
     paths = []
     if buffer is not None or last_samples is not None:
         x, labels, ncol = buffer_images(buffer, last_samples, class_blocks, num_classes, g)

@@ -3,6 +3,8 @@
 Unset options keep the dataset's defaults (``jemeval.training.config.DATASET_DEFAULTS``): the
 paper's settings for cifar10/cifar100/svhn, a laptop recipe for digits. With ``--resume`` the
 stored configuration of DIR/last.pt is used; only --epochs, --device and output options may change.
+A new run refuses a DIR that holds one (last.pt, best.pt or metrics.csv) unless --overwrite; one
+process at a time trains in a DIR (a lock file, see jemeval.training.rundir).
 
 Several processes (DistributedDataParallel): ``torchrun --nproc-per-node N -m jemeval train ...``,
 or ``jemeval train --nproc N ...``, which re-launches itself through ``torch.distributed.run`` with N
@@ -34,7 +36,8 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
                              "[default: per dataset].")
 @click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20].")
 @click.option("--out", "out", type=click.Path(file_okay=False), help="Run folder for best.pt, last.pt, metrics.csv, "
-                                                                    "samples/ [default: runs/DATASET].")
+              "samples/ [default: runs/DATASET]; created if missing (its parent must exist). A folder holding a run "
+              "needs --resume or --overwrite.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed (recorded).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--objective", type=click.Choice(["jem", "factored"]), default="jem", show_default=True,
@@ -72,8 +75,10 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
 @click.option("--channels-last/--no-channels-last", default=None, help="channels_last memory format [default: on; faster conv passes on CPU and GPU].")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the network [default: on for CUDA, off on CPU].")
 @click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its last.pt, exactly.")
+@click.option("--overwrite", is_flag=True, default=None, help="Replace the run in --out: delete its last.pt, best.pt, "
+              "metrics.csv and sample grids, then start a new run.")
 @click.option("--nproc", type=int, help="Train with N processes on this machine (DistributedDataParallel, "
-              "gloo on CPU / nccl on CUDA), re-launched through torchrun.")
+              "gloo on CPU / nccl on CUDA), re-launched through torchrun; at most one per GPU (CUDA) or CPU core.")
 @click.option("--no-progress", is_flag=True, help="No progress bar and no per-epoch lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @data_options
@@ -83,8 +88,9 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
 
     \b
     Writes DIR/best.pt (best validation accuracy), DIR/last.pt (resumable), DIR/metrics.csv and
-    DIR/samples/*.png. Divergence is detected and recovered from automatically (rollback, reseed,
-    lower lr, more SGLD steps, energy L2), every recovery logged. Examples:
+    DIR/samples/*.png; a DIR that holds a run needs --resume (continue) or --overwrite (replace).
+    Divergence is detected and recovered from automatically (rollback, reseed, lower lr, more SGLD
+    steps, energy L2), every recovery logged. Examples:
       jemeval train digits                          # ~30 s on a 2-core CPU
       jemeval train digits --px-weight 0 --out runs/digits-baseline
       jemeval train cifar10 --download              # the paper's settings (WRN-28-10, GPU)
@@ -124,8 +130,6 @@ def _launched_by_torchrun(nproc: int) -> bool:
 
     world = os.environ.get("WORLD_SIZE")
     if world is None:
-        if nproc < 1:
-            raise UsageError(f"--nproc must be >= 1, got {nproc}")
         return False
     if int(world) != nproc:
         raise UsageError(f"--nproc {nproc} disagrees with the launcher's WORLD_SIZE={world}: drop --nproc under torchrun")
@@ -138,8 +142,17 @@ def _check_launch(config, nproc: int) -> None:
 
     from ...distributed import DistContext
     from ...training.config import load_resume_checkpoint
-    from ...training.parallel import buffer_share, check_global_batch, check_world
+    from ...training.parallel import (
+        buffer_share,
+        check_global_batch,
+        check_nproc,
+        check_world,
+    )
+    from ...training.rundir import check_run_folder
+    from ..options import resolve_device
 
+    check_nproc(nproc, resolve_device(config.device))
+    check_run_folder(config)
     fake = DistContext(world_size=nproc)
     check_global_batch(config.batch_size, nproc)
     if config.samples and not config.short_run:
@@ -151,6 +164,8 @@ def _check_launch(config, nproc: int) -> None:
 
 def _relaunch(nproc: int) -> int:
     """Run this same command line under ``torch.distributed.run`` with ``nproc`` local processes."""
+    from ...distributed import available_cpus
+
     args = _without_nproc(sys.argv[1:])
     if "train" not in args:
         from ...errors import UsageError
@@ -160,7 +175,7 @@ def _relaunch(nproc: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "jemeval", *args]
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // nproc)))
     try:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:  # the workers got the signal too: they save last.pt and stop
