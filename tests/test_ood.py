@@ -189,7 +189,7 @@ def test_cli_outputs(digits_classifier_ckpt, tmp_path):
     (["--ood", "uniform", "--score", "logpz"], "did you mean 'logpx'"),
     (["--ood", "uniform", "--plot", "hist.pdf"], "--plot must be a .png file"),
     (["--ood", "uniform", "--save-scores", "s.csv"], "--save-scores must be a .npz file"),
-    (["--ood", "uniform", "--n", "0"], "--n must be positive"),
+    (["--ood", "uniform", "--n", "0"], "Invalid value for '--n'"),
     (["--ood", "digits"], "is the in-distribution set itself"),
     (["--ood", "uniform", "--metric", "aurok"], "did you mean 'auroc'"),
 ])
