@@ -276,3 +276,12 @@ def test_inception_metrics_end_to_end(no_download, random_inception_weights, mon
     assert any("say little" in n for n in res.notes)
     out = json.loads(res.to_json())
     assert out["records"][0]["features"] == "inception-v3-compat"
+
+
+def test_ref_n_errors_name_the_parameter_and_the_flag(digits_classifier_ckpt):
+    """Issue 11 item 14: `fidelity --ref-n 0` sampled first, then blamed `--n`."""
+    with pytest.raises(UsageError, match=r"^ref_n must be a positive number of reference images, got 0$"):
+        fidelity(torch.zeros(4, 1, 8, 8), "digits", features=digits_classifier_ckpt, metrics="fd", ref_n=0)
+    r = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--features", str(digits_classifier_ckpt),
+                                 "--ref-n", "0", "--n", "2", "--steps", "1"])
+    assert r.exit_code == 2 and "'--ref-n'" in r.output and "'--n'" not in r.output and "SGLD" not in r.output, r.output
