@@ -10,7 +10,9 @@
   ``interp:BASE`` (averages of pairs of BASE's images, as in the paper): synthetic OOD sets that
   take the model's input shape.
 * ``npz:FILE`` (arrays ``x``/``images`` and optional ``y``/``labels``) and ``folder:DIR`` (an
-  ImageFolder: one sub-folder per class).
+  ImageFolder: one sub-folder per class). Images must be uint8 or finite floats in [-1, 1] and
+  labels whole numbers (-1 = unlabelled); anything else is refused in one line (the checks on
+  values are :func:`jemeval.data.check_arrays`, shared by every in-memory dataset).
 """
 from __future__ import annotations
 
