@@ -280,7 +280,7 @@ def test_inception_metrics_end_to_end(no_download, random_inception_weights, mon
 
 def test_ref_n_errors_name_the_parameter_and_the_flag(digits_classifier_ckpt):
     """Issue 11 item 14: `fidelity --ref-n 0` sampled first, then blamed `--n`."""
-    with pytest.raises(UsageError, match=r"^ref_n must be a positive number of reference images, got 0$"):
+    with pytest.raises(UsageError, match=r"^ref_n must be a positive number of examples, got 0$"):
         fidelity(torch.zeros(4, 1, 8, 8), "digits", features=digits_classifier_ckpt, metrics="fd", ref_n=0)
     r = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--features", str(digits_classifier_ckpt),
                                  "--ref-n", "0", "--n", "2", "--steps", "1"])

@@ -323,8 +323,6 @@ def fidelity(
     from .generation import Samples, load_samples
 
     device = resolve_device(device or "cpu")
-    if ref_n is not None and ref_n <= 0:
-        raise UsageError(f"ref_n must be a positive number of reference images, got {ref_n}")
     inception_weights = inception_weights or os.environ.get(WEIGHTS_ENV) or None
     feature_models = [] if features is None else (list(features) if isinstance(features, (list, tuple)) else [features])
     chosen, notes = resolve_metrics(metrics, have_features=bool(feature_models), have_weights=bool(inception_weights))
