@@ -203,10 +203,10 @@ def _check_fields(obj: dict, path: str) -> None:
 def checkpoint_arch_options(arch: str, options: dict, path: str) -> dict:
     """The ``arch_options`` of a checkpoint that may reach the model factory (an allow-list).
 
-    A factory with a fixed signature (wrn, cnn, most plugins) takes only its own options. One that
-    accepts any keyword (``timm``, which forwards them to ``timm.create_model``) never gets an option
-    whose name is path-like (``checkpoint_path``, ``pretrained_cfg``, ...) with a value, nor a value
-    that is not plain data: a tensor-only file must not make a library open another file.
+    A factory with a fixed signature (wrn, cnn, most plugins) takes only its own options. No factory,
+    least of all one that accepts any keyword (``timm``, which forwards them to ``timm.create_model``),
+    gets an option whose name is path-like (``checkpoint_path``, ``pretrained_cfg``, ...) with a
+    value, nor a value that is not plain data: a tensor-only file must not make a library open another.
     """
     from .plugins import get_registry
     from .registry import accepted_options
@@ -220,7 +220,7 @@ def checkpoint_arch_options(arch: str, options: dict, path: str) -> dict:
         plain = isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
         if accepted is not None and key not in accepted:
             refused = f"is not an option of {arch!r} (its options: {', '.join(accepted) or 'none'})"
-        elif accepted is None and key != "variant" and value not in (None, False, "") and _PATHLIKE_OPTION.search(key):
+        elif key != "variant" and value not in (None, False, "") and _PATHLIKE_OPTION.search(key):
             refused = "could make the model factory open a file"
         elif not plain:
             refused = f"is a {type(value).__name__}, not plain data"

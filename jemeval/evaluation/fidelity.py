@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -173,8 +174,11 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
                               f"of shape {list(_INCEPTION_KEYS[problems[0]])}); expected {INCEPTION_FILE}")
     sha = hashlib.sha256(data).hexdigest()
     identity = {"path": str(p), "sha256": sha, "is_release_file": sha.startswith(INCEPTION_SHA256_PREFIX)}
+    tensors = OrderedDict((k, v) for k, v in state.items() if isinstance(k, str) and torch.is_tensor(v))
+    if isinstance(getattr(state, "_metadata", None), dict):  # module versions: load_state_dict reads them
+        tensors._metadata = state._metadata
     _VERIFIED.clear()  # one ~95 MB state at a time
-    _VERIFIED[key] = (identity, {k: v for k, v in state.items() if isinstance(k, str) and torch.is_tensor(v)})
+    _VERIFIED[key] = (identity, tensors)
     return dict(identity)
 
 
