@@ -26,7 +26,7 @@ import torch
 
 from .atomic import atomic_path
 from .energy import EnergyModel
-from .errors import CheckpointError, UnknownNameError
+from .errors import CheckpointError, UnknownNameError, UsageError
 
 FORMAT = "jemeval-checkpoint"
 FORMAT_VERSION = 1
@@ -83,11 +83,38 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         msg = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise CheckpointError(
-                f"{str(p)!r} contains Python objects that could run code when loaded; jemeval only loads "
-                "tensor-only checkpoints (re-save the state_dict, or convert it with `jemeval convert`)"
-            ) from None
+            raise pickle_refusal(str(p), str(exc)) from None
         raise CheckpointError(f"{str(p)!r} is not a readable PyTorch checkpoint ({msg[:200]})") from None
+
+
+def pickle_refusal(path: str, detail: str = "") -> CheckpointError:
+    """The one error for a file that needs full pickle: says what jemeval *can* load and how to get
+    there (``jemeval convert`` reads through the same safe loader, so it cannot help here)."""
+    found = re.search(r"GLOBAL ([\w.]+)", detail) or re.search(r"Unsupported global: ([\w.]+)", detail)
+    what = f" ({found.group(1)})" if found else ""
+    return CheckpointError(
+        f"{path!r} contains Python objects{what} that could run code when loaded, so jemeval refuses it: in the "
+        "environment that created it, re-save only the tensors, e.g. torch.save(model.state_dict(), 'weights.pt'); "
+        "jemeval loads tensor-only files (its own, and the JEM release layouts that `jemeval convert` rewrites)"
+    )
+
+
+def check_finite(tensors: Any, what: str, path: str) -> None:
+    """Refuse NaN/inf in a tensor or in the floating tensors of a state dict, naming the first one.
+
+    A diverged run's weights otherwise evaluate to confident garbage (ECE 0, accuracy at chance)
+    with exit code 0; this is the one check where weights (and replay buffers) enter.
+    """
+    items = tensors.items() if isinstance(tensors, dict) else [(None, tensors)]
+    for key, value in items:
+        if torch.is_tensor(value) and (value.is_floating_point() or value.is_complex()):
+            bad = ~torch.isfinite(value)
+            if bool(bad.any()):
+                where = f"{what} tensor {key!r}" if key is not None else what
+                raise CheckpointError(
+                    f"{path!r} has non-finite values in {where} ({int(bad.sum())} of {value.numel()} are NaN or inf): "
+                    "the run that wrote it diverged; use an earlier checkpoint"
+                )
 
 
 def is_jemeval_checkpoint(obj: Any) -> bool:
@@ -133,6 +160,10 @@ def strip_unused_official_keys(state: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 def _load_state(model: EnergyModel, state: dict, path: str) -> None:
+    """Copy ``state`` into the model: every layout's weights enter here, so they are checked here."""
+    if not _looks_like_state_dict(state):
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: its state_dict is not a dict of named tensors")
+    check_finite(state, "weight", path)
     result = model.net.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         missing = ", ".join(result.missing_keys[:3])
@@ -150,28 +181,78 @@ def _shape_mismatch(exc: RuntimeError, path: str, arch: str | None) -> Checkpoin
     return CheckpointError(f"{path!r} does not match architecture {arch!r}: {detail}")
 
 
+#: fields a jemeval checkpoint must have, and their types (a damaged file fails on the first wrong one)
+_REQUIRED = {"arch": str, "num_classes": int, "input_shape": (list, tuple), "state_dict": dict}
+#: option names that can make a factory open a file or fetch something (timm's checkpoint_path,
+#: pretrained_cfg, ...): never taken from a checkpoint by a factory that accepts any keyword
+_PATHLIKE_OPTION = re.compile(r"path|file|dir|url|cfg|cache|hub|pretrained|checkpoint|ckpt|weights", re.IGNORECASE)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _check_fields(obj: dict, path: str) -> None:
+    for key, kind in _REQUIRED.items():
+        if key not in obj:
+            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint (no {key!r}); re-save it with `jemeval train` "
+                                  "or jemeval.save_checkpoint")
+        if not isinstance(obj[key], kind):
+            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint ({key!r} is a {type(obj[key]).__name__})")
+    if not isinstance(obj.get("arch_options", {}), dict):
+        raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint ('arch_options' is not a dict)")
+
+
+def checkpoint_arch_options(arch: str, options: dict, path: str) -> dict:
+    """The ``arch_options`` of a checkpoint that may reach the model factory (an allow-list).
+
+    A factory with a fixed signature (wrn, cnn, most plugins) takes only its own options. No factory,
+    least of all one that accepts any keyword (``timm``, which forwards them to ``timm.create_model``),
+    gets an option whose name is path-like (``checkpoint_path``, ``pretrained_cfg``, ...) with a
+    value, nor a value that is not plain data: a tensor-only file must not make a library open another.
+    """
+    from .plugins import get_registry
+    from .registry import accepted_options
+
+    try:
+        accepted = accepted_options(get_registry().get("model", arch), skip=2)
+    except UnknownNameError as exc:
+        raise CheckpointError(f"{path!r} needs model architecture {arch!r}, which no installed plugin provides; "
+                              f"install the plugin that registers it ({exc})") from None
+    for key, value in options.items():
+        plain = isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
+        if accepted is not None and key not in accepted:
+            refused = f"is not an option of {arch!r} (its options: {', '.join(accepted) or 'none'})"
+        elif key != "variant" and value not in (None, False, "") and _PATHLIKE_OPTION.search(key):
+            refused = "could make the model factory open a file"
+        elif not plain:
+            refused = f"is a {type(value).__name__}, not plain data"
+        else:
+            continue
+        raise CheckpointError(f"{path!r} records architecture option {key!r}, which is refused: it {refused}")
+    return dict(options)
+
+
 def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | torch.device = "cpu") -> EnergyModel:
     """Build the EnergyModel a loaded checkpoint object describes (either format)."""
+    from .devices import resolve_device
     from .models import create_model
 
+    device = resolve_device(device)
     if is_jemeval_checkpoint(obj):
+        if not isinstance(obj.get("format_version", 0), int):
+            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint ('format_version' is not a number)")
         if obj.get("format_version", 0) > FORMAT_VERSION:
             raise CheckpointError(f"{path!r} was written by a newer jemeval (format {obj['format_version']}); upgrade jemeval")
+        _check_fields(obj, path)
+        options = checkpoint_arch_options(obj["arch"], obj.get("arch_options") or {}, path)
         try:
             model = create_model(
                 obj["arch"], obj["num_classes"], obj["input_shape"],
                 normalization=obj.get("normalization"),
                 metadata={"dataset": obj.get("dataset"), "provenance": obj.get("provenance", {}),
                           "config": obj.get("config", {}), "source_format": FORMAT},
-                **obj.get("arch_options", {}),
+                **options,
             )
-        except UnknownNameError as exc:
-            raise CheckpointError(
-                f"{path!r} needs model architecture {obj.get('arch')!r}, which no installed plugin provides; "
-                f"install the plugin that registers it ({exc})"
-            ) from None
-        except KeyError as exc:
-            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint (missing {exc.args[0]!r})") from None
+        except UsageError as exc:  # options the factory itself refuses (a WRN depth that is not 6n + 4, ...)
+            raise CheckpointError(f"{path!r} records an architecture jemeval cannot build: {exc}") from None
         try:
             _load_state(model, obj["state_dict"], path)
         except RuntimeError as exc:

@@ -29,11 +29,12 @@ class ArrayDataset(Dataset):
     """In-memory images and labels; evaluation slices it directly (no DataLoader overhead)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor | None = None, *, num_classes: int | None = None,
-                 name: str | None = None, info: dict | None = None):
+                 name: str | None = None, info: dict | None = None, validate: bool = True):
+        source = (info or {}).get("path") or name or "in-memory dataset"
+        if validate:
+            check_arrays(x, y, source)
         self.x = x.float().contiguous()
         self.y = (torch.full((len(x),), -1, dtype=torch.long) if y is None else torch.as_tensor(y).long())
-        if len(self.x) != len(self.y):
-            raise ValueError(f"{len(self.x)} images but {len(self.y)} labels")
         self.num_classes = num_classes
         self.input_shape = tuple(self.x.shape[1:])
         self.name = name
@@ -44,6 +45,41 @@ class ArrayDataset(Dataset):
 
     def __getitem__(self, i):
         return self.x[i], int(self.y[i])
+
+
+#: how far outside [-1, 1] float images may stray (rounding of a rescaling), as the npz loader allowed
+RANGE_TOLERANCE = 1e-4
+
+
+def check_arrays(x: torch.Tensor, y: torch.Tensor | None, source: str) -> None:
+    """Where arrays become a dataset: images N x ... finite and in [-1, 1], labels one whole number
+    >= -1 per image. NaN images otherwise pass a min/max range test and evaluate to chance-level
+    garbage, and float labels would be truncated (1.7 -> 1) without a word."""
+    if not torch.is_tensor(x) or x.dim() < 2 or not x.is_floating_point():
+        what = f"{str(x.dtype).replace('torch.', '')} of shape {tuple(x.shape)}" if torch.is_tensor(x) else type(x).__name__
+        raise UsageError(f"{source!r}: images must be a float tensor N x C x H x W in [-1, 1], got {what}")
+    bad = ~torch.isfinite(x).flatten(1).all(1)
+    if bool(bad.any()):
+        raise UsageError(f"{source!r}: {int(bad.sum())} of {len(x)} images hold NaN or inf values (the first is image "
+                         f"{int(bad.nonzero()[0])}); images must be finite, in [-1, 1]")
+    if len(x) and (float(x.min()) < -1 - RANGE_TOLERANCE or float(x.max()) > 1 + RANGE_TOLERANCE):
+        raise UsageError(f"{source!r}: float images must lie in [-1, 1] (found {float(x.min()):.3g}..{float(x.max()):.3g}); "
+                         "store uint8 0..255 or rescale")
+    if y is None:
+        return
+    y = torch.as_tensor(y)
+    if y.dim() != 1 or len(y) != len(x):
+        raise UsageError(f"{source!r}: {len(x)} images but labels of shape {tuple(y.shape)}; give one label per image")
+    if y.dtype == torch.bool or y.is_complex():
+        raise UsageError(f"{source!r}: labels must be integers, got dtype {y.dtype}")
+    if y.is_floating_point():
+        whole = torch.isfinite(y) & (y == y.round())
+        if not bool(whole.all()):
+            first = int((~whole).nonzero()[0])
+            raise UsageError(f"{source!r}: labels must be whole numbers, but label {first} is {float(y[first])!r}; "
+                             "store integer class indices (-1 = unlabelled)")
+    if len(y) and int(y.min()) < -1:
+        raise UsageError(f"{source!r}: labels must be class indices >= 0 (or -1 = unlabelled), found {int(y.min())}")
 
 
 class ClassSubset(Dataset):
@@ -104,15 +140,18 @@ def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None 
     return ds
 
 
-def subsample(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
-    """A seeded random subset of ``n`` examples (all of them when n is None or >= len)."""
+def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> Dataset:
+    """A seeded random subset of ``n`` examples (all of them when n is None or >= len).
+
+    ``name`` is the caller's parameter in the error for n <= 0 (``ref_n`` for fidelity's reference).
+    """
+    if n is not None and n <= 0:
+        raise UsageError(f"{name} must be a positive number of examples, got {n}")
     if n is None or n >= len(ds):
         return ds
-    if n <= 0:
-        raise UsageError(f"--n must be positive, got {n}")
     idx = np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False))
     if isinstance(ds, ArrayDataset):
-        out = ArrayDataset(ds.x[idx], ds.y[idx], num_classes=ds.num_classes, name=ds.name, info=ds.info)
+        out = ArrayDataset(ds.x[idx], ds.y[idx], num_classes=ds.num_classes, name=ds.name, info=ds.info, validate=False)
         out.spec = getattr(ds, "spec", None)
         return out
     sub = torch.utils.data.Subset(ds, idx.tolist())

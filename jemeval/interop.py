@@ -213,6 +213,7 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
     the in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
     """
     from .checkpoints import (
+        check_finite,
         file_sha256,
         is_jemeval_checkpoint,
         read_checkpoint,
@@ -234,6 +235,8 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
     if found is None:
         raise unknown_layout_error(obj, str(src))
     model = found.build(str(src))
+    if found.replay_buffer is not None:
+        check_finite(found.replay_buffer, "its replay buffer", str(src))
     return write_converted(
         model, str(src), dst, layout=found.layout, source_sha256=file_sha256(src), dataset=dataset,
         replay_buffer=found.replay_buffer, config=found.source_config(), extra={"bn_mode": found.sgld.get("bn_mode")},

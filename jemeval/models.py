@@ -1,11 +1,13 @@
 """Building models by name: ``create_model("wrn:depth=16,widen=4", 10, (3, 32, 32))`` -> EnergyModel."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .energy import EnergyModel
+from .errors import UsageError
 from .plugins import get_registry
-from .registry import call_with_supported, parse_spec
+from .registry import accepted_options, call_with_supported, check_options, parse_spec
 
 
 def create_model(
@@ -27,7 +29,13 @@ def create_model(
     factory = get_registry().get("model", spec.name)
     merged = {**spec.options, **options}
     if spec.variant is not None:
+        accepted = accepted_options(factory, skip=2)
+        if accepted is not None and "variant" not in accepted:
+            raise UsageError(f"model {spec.name!r} takes no ':{spec.variant}' variant, only key=value options "
+                             f"({', '.join(accepted) or 'none'}), e.g. {spec.name}:{accepted[0] if accepted else 'key'}=...")
         merged["variant"] = spec.variant
+    # a misspelt option (cnn:widht=8) fails here, listing the valid ones, not as a TypeError inside
+    check_options(factory, merged, f"model {spec.name!r}", skip=2)
     net = call_with_supported(factory, int(num_classes), tuple(input_shape), **merged)
     return EnergyModel(
         net,

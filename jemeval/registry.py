@@ -18,8 +18,9 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
 
@@ -32,6 +33,18 @@ HOOKS = {
     "attack": "register_attacks",
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def normalize_kind(kind: str) -> str:
+    """``"models"`` -> ``"model"``: the Python API takes the plural forms ``jemeval list`` takes."""
+    if isinstance(kind, str):
+        text = kind.strip().lower()
+        if text in KINDS:
+            return text
+        if text.endswith("s") and text[:-1] in KINDS:
+            return text[:-1]
+    raise UsageError(f"unknown component kind {kind!r}{did_you_mean(str(kind), KINDS)}; kinds are {', '.join(KINDS)} "
+                     "(or their plurals)")
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,32 @@ def parse_spec(spec: str) -> Spec:
     return Spec(name=name, variant=variant, options=options, classes=classes)
 
 
+def split_specs(value: str | Sequence[str] | None, what: str) -> list[str]:
+    """A comma list of specs (``"uniform,digits[0,1]"``; brackets keep their commas) or a sequence
+    of them -> a list of specs. A single string is never iterated character by character, so
+    ``evaluate_ood(m, "uniform")`` means the set 'uniform', as ``--ood uniform`` does."""
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        return [str(v).strip() for v in value if str(v).strip()]
+    items, depth, cur = [], 0, ""
+    for ch in value:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur.strip())
+    items = [i for i in items if i]
+    if not items:
+        raise UsageError(f"{what} is empty; give a comma-separated list")
+    return items
+
+
 class Registry:
     """Components by kind and name; filled by the plugin manager from the hooks."""
 
@@ -130,8 +169,7 @@ class Registry:
         self.failures: list[tuple[str, str]] = []
 
     def add(self, kind: str, name: str, obj: Any, *, plugin: str, help: str | None = None) -> Component:
-        if kind not in self._entries:
-            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        kind = normalize_kind(kind)
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise UsageError(
                 f"plugin {plugin!r} registered a {kind} with the invalid name {name!r}: names are "
@@ -150,8 +188,7 @@ class Registry:
 
     def component(self, kind: str, name: str) -> Component:
         """The :class:`Component` for ``name``; a clear error with suggestions when unknown."""
-        if kind not in self._entries:
-            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        kind = normalize_kind(kind)
         entry = self._entries[kind].get(name)
         if entry is not None:
             return entry
@@ -166,14 +203,14 @@ class Registry:
         return self.component(kind, name).obj
 
     def names(self, kind: str, pattern: str | None = None) -> list[str]:
-        if kind not in self._entries:
-            raise UsageError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+        kind = normalize_kind(kind)
         names = sorted(self._entries[kind])
         if pattern:
             names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         return names
 
     def components(self, kind: str) -> list[Component]:
+        kind = normalize_kind(kind)
         return [self._entries[kind][n] for n in self.names(kind)]
 
 
@@ -186,6 +223,20 @@ def _first_line(doc: str | None) -> str | None:
     return None
 
 
+def accepted_options(obj: Callable, *, skip: int = 0) -> list[str] | None:
+    """The keyword options ``obj`` accepts after its first ``skip`` parameters; None when it takes
+    ``**kwargs`` (or has no readable signature), i.e. when any name would reach it."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params[skip:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
 def check_options(obj: Callable, options: dict[str, Any], what: str, *, skip: int = 0) -> None:
     """Raise a one-line UsageError if ``obj`` does not accept the keyword ``options``.
 
@@ -193,17 +244,11 @@ def check_options(obj: Callable, options: dict[str, Any], what: str, *, skip: in
     parameters the caller fills (``model, x`` for a score). Lets ``--score energy:X=3`` fail with
     "score 'energy' has no option 'X' (options: T)" instead of a TypeError from deep inside.
     """
-    import inspect
-
     if not options:
         return
-    try:
-        params = list(inspect.signature(obj).parameters.values())
-    except (TypeError, ValueError):
+    accepted = accepted_options(obj, skip=skip)
+    if accepted is None:
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    accepted = [p.name for p in params[skip:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for key in options:
         if key not in accepted:
             listing = ", ".join(accepted) if accepted else "none"

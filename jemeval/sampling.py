@@ -19,6 +19,8 @@ and the replay buffer stay fp32. Measurements: benchmarks/README.md.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -216,20 +218,43 @@ class SGLD:
         return x.clamp_(*self.clamp) if self.clamp is not None else x
 
 
-def check_sampler_fields(sampler) -> None:
-    """Validate the fields every sampler shares (steps, bn_mode, clamp) with one-line errors.
+def check_sampler_fields(sampler, floats: Sequence[str] = ("step_size", "noise")) -> None:
+    """Validate the fields every sampler shares (steps, step size, noise, bn_mode, clamp) with one-line errors.
 
-    ``UsageError`` is a ``ValueError``, so Python callers can catch either; the command line shows
-    the message as one line whichever command built the sampler.
+    Every command that samples builds its sampler through a constructor that calls this, so a NaN or
+    infinite step size, noise or clamp bound (``--sgld-lr nan``) is refused here, once, instead of
+    turning every chain into NaN and printing accuracy 0. ``floats`` names the float fields to
+    check (a sampler adds its own). ``UsageError`` is a ``ValueError``, so Python callers can catch
+    either; the command line shows the message as one line whichever command built the sampler.
     """
-    if int(sampler.steps) < 0:
-        raise UsageError(f"SGLD steps must be >= 0, got {sampler.steps}")
+    kind = type(sampler).__name__
+    steps = sampler.steps
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not math.isfinite(steps) or steps != int(steps):
+        raise UsageError(f"{kind} steps must be a whole number >= 0, got {steps!r}")
+    if int(steps) < 0:
+        raise UsageError(f"{kind} steps must be >= 0, got {steps}")
+    for name in floats:
+        finite_number(getattr(sampler, name), f"{kind} {name}")
     if sampler.bn_mode not in BN_MODES:
         raise UsageError(f"BatchNorm mode while sampling must be one of {', '.join(BN_MODES)}, got {sampler.bn_mode!r}")
     if sampler.clamp is not None:
-        if len(sampler.clamp) != 2:
-            raise UsageError(f"clamp must be two numbers (lo, hi), got {sampler.clamp!r}")
-        sampler.clamp = (float(sampler.clamp[0]), float(sampler.clamp[1]))
+        if isinstance(sampler.clamp, (str, bytes)) or not hasattr(sampler.clamp, "__len__") or len(sampler.clamp) != 2:
+            raise UsageError(f"{kind} clamp must be two numbers (lo, hi), got {sampler.clamp!r}")
+        lo, hi = (finite_number(v, f"{kind} clamp bound") for v in sampler.clamp)
+        if lo > hi:
+            raise UsageError(f"{kind} clamp must be (lo, hi) with lo <= hi, got {sampler.clamp!r}")
+        sampler.clamp = (lo, hi)
+
+
+def finite_number(value, name: str) -> float:
+    """``float(value)``, or a one-line UsageError naming ``name`` when it is not a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise UsageError(f"{name} must be a finite number, got {value!r}")
+    return number
 
 
 #: JEM release's SGLD settings, used when neither the caller nor the checkpoint gives them

@@ -162,7 +162,7 @@ class ProximalSGLD:
     recompute_first_layer: bool = True
 
     def __post_init__(self) -> None:
-        check_sampler_fields(self)
+        check_sampler_fields(self, floats=("step_size", "noise", "inner_step_size", "grad_clip"))
         if self.inner_steps < 0:
             raise UsageError(f"inner steps must be >= 0, got {self.inner_steps}")
         if self.grad_clip <= 0:

@@ -156,3 +156,145 @@ def test_read_checkpoint_never_unpickles_code(tmp_path):
     with pytest.raises(CheckpointError):
         read_checkpoint(tmp_path / "evil.pt")
     assert not (tmp_path / "pwned").exists()
+
+
+# -- issue 11: nothing executed from a file, no silent garbage ---------------------------------
+class _MkdirPayload:
+    """A pickle that runs code when fully unpickled: it creates the folder ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _tensor_only(tmp_path, name, **changes):
+    """A valid tensor-only jemeval checkpoint (cnn, digits shape) with top-level fields changed."""
+    jemeval.save_checkpoint(tmp_path / "base.pt", jemeval.create_model("cnn:width=4", 10, (1, 8, 8)))
+    raw = torch.load(tmp_path / "base.pt", weights_only=True)
+    raw.update(changes)
+    torch.save(raw, tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("option", ["checkpoint_path", "pretrained_cfg_overlay", "pretrained", "cache_dir", "init_file"])
+def test_checkpoint_cannot_make_timm_open_a_file(tmp_path, option):
+    """Issue 11 item 8, as an attack: a tensor-only checkpoint whose arch_options name a pickle
+    payload for timm to load. The option is refused before any factory runs; the payload never runs."""
+    payload, marker = tmp_path / "payload.pt", tmp_path / "payload-ran"
+    torch.save({"state_dict": _MkdirPayload(marker)}, payload)
+    value = {"file": str(payload)} if option.endswith("overlay") else True if option == "pretrained" else str(payload)
+    ckpt = _tensor_only(tmp_path, "timm.pt", arch="timm", arch_options={"variant": "resnet18", option: value})
+    with pytest.raises(CheckpointError, match=rf"architecture option '{option}', which is refused") as exc:
+        jemeval.load_model(ckpt)
+    assert "\n" not in str(exc.value) and not marker.exists()
+
+
+def test_checkpoint_options_are_allow_listed_by_the_architecture(tmp_path):
+    """wrn/cnn take only their own options from a checkpoint; timm keeps ordinary options."""
+    bad = _tensor_only(tmp_path, "cnn.pt", arch_options={"width": 4, "checkpoint_path": "x.pt"})
+    with pytest.raises(CheckpointError, match=r"'checkpoint_path', which is refused: it is not an option of 'cnn' "
+                                              r"\(its options: width\)"):
+        jemeval.load_model(bad)
+    # a timm checkpoint with plain options still loads
+    m = jemeval.create_model("timm:resnet18", 3, (3, 16, 16), drop_rate=0.1)
+    jemeval.save_checkpoint(tmp_path / "timm.pt", m)
+    assert jemeval.load_model(tmp_path / "timm.pt").arch_options == {"variant": "resnet18", "drop_rate": 0.1}
+    # and the timm factory itself never forwards a loader option, from a spec either
+    with pytest.raises(jemeval.errors.UsageError, match="timm option 'checkpoint_path' is refused"):
+        jemeval.create_model("timm:resnet18,checkpoint_path=x.pt", 3, (3, 16, 16))
+
+
+def test_non_finite_weights_are_refused_at_load(tmp_path):
+    """Issue 11 item 9: NaN weights used to give ECE 0 and chance accuracy with exit code 0."""
+    m = jemeval.create_model("cnn:width=4", 10, (1, 8, 8))
+    state = {k: v.clone() for k, v in m.net.state_dict().items()}
+    key = max(state)
+    state[key].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    ckpt = _tensor_only(tmp_path, "nan.pt", state_dict=state)
+    with pytest.raises(CheckpointError, match=rf"non-finite values in weight tensor '{re.escape(key)}' \(3 of "):
+        jemeval.load_model(ckpt)
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibrate", "--model", str(ckpt), "--device", "cpu"])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [r.output.strip()] and "non-finite" in r.output
+    # foreign layouts go through the same check
+    sd = release_state_dict(10, 1, 10)
+    sd["class_output.bias"][0] = float("nan")
+    torch.save({"model_state_dict": sd}, tmp_path / "release.pt")
+    with pytest.raises(CheckpointError, match="non-finite values in weight tensor 'class_output.bias'"):
+        jemeval.load_model(tmp_path / "release.pt")
+
+
+def test_non_finite_replay_buffer_is_refused_when_used(tmp_path):
+    m = jemeval.create_model("cnn:width=4", 10, (1, 8, 8))
+    buf = torch.rand(20, 1, 8, 8) * 2 - 1
+    buf[3, 0, 0, 0] = float("nan")
+    jemeval.save_checkpoint(tmp_path / "buf.pt", m, dataset="digits", replay_buffer=buf)
+    model = jemeval.load_model(tmp_path / "buf.pt")  # the weights are fine: evaluation is not refused
+    with pytest.raises(CheckpointError, match="non-finite values in its replay buffer"):
+        jemeval.sample(model, n=2, steps=1, init="buffer", progress=False)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"state_dict": None}, "damaged jemeval checkpoint ('state_dict' is a NoneType)"),
+    ({"arch_options": [1]}, "'arch_options' is not a dict"),
+    ({"format_version": "1"}, "'format_version' is not a number"),
+    ({"state_dict": {"features.0.weight": "text"}}, "its state_dict is not a dict of named tensors"),
+])
+def test_damaged_jemeval_checkpoints_are_one_line(tmp_path, changes, message):
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        jemeval.load_model(_tensor_only(tmp_path, "bad.pt", **changes))
+
+
+def test_checkpoint_without_state_dict_is_one_clear_line(tmp_path):
+    ckpt = _tensor_only(tmp_path, "nostate.pt")
+    raw = torch.load(ckpt, weights_only=True)
+    del raw["state_dict"]
+    torch.save(raw, ckpt)
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    r = CliRunner().invoke(cli, ["eval", "--model", str(ckpt), "--device", "cpu"])
+    assert r.exit_code == 1 and "a bug in jemeval" not in r.output
+    assert r.output.strip() == f"Error: {str(ckpt)!r} is a damaged jemeval checkpoint (no 'state_dict'); re-save it " \
+                               "with `jemeval train` or jemeval.save_checkpoint"
+
+
+def test_pickle_refusal_says_how_to_get_a_loadable_file(tmp_path):
+    """Issue 11 item 14: it used to suggest `jemeval convert`, which refuses the same file."""
+    from jemeval.interop import convert
+
+    torch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "pickled.pt")
+    for call in (lambda: jemeval.load_model(tmp_path / "pickled.pt"),
+                 lambda: convert(tmp_path / "pickled.pt", tmp_path / "out.pt")):
+        with pytest.raises(CheckpointError) as exc:
+            call()
+        text = str(exc.value)
+        assert "torch.save(model.state_dict()" in text and "torch.nn.modules.linear.Linear" in text
+        assert "convert it with" not in text and "\n" not in text
+
+
+def test_load_model_device_names_are_checked_in_one_place(tmp_path, digits_classifier_ckpt):
+    from jemeval.cli.options import resolve_device as cli_device
+    from jemeval.devices import resolve_device
+    from jemeval.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"unknown device 'gpu' \(did you mean 'cuda'\?\): use cpu, cuda, cuda:N, auto"):
+        jemeval.load_model(digits_classifier_ckpt, device="gpu")
+    with pytest.raises(UsageError, match="unknown --device 'gpu'"):
+        cli_device("gpu")
+    with pytest.raises(UsageError, match="'meta' is not one jemeval runs on"):
+        resolve_device("meta")
+    assert resolve_device("CPU") == torch.device("cpu") and resolve_device(torch.device("cpu")).type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available here"):
+            jemeval.load_model(digits_classifier_ckpt, device="cuda:0")
+    else:
+        with pytest.raises(UsageError, match="does not exist: this machine has"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")

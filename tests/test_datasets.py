@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import jemeval
-from jemeval.data import iterate_batches, subsample
+from jemeval.data import ArrayDataset, iterate_batches, subsample
 from jemeval.errors import DatasetNotFoundError, UnknownNameError, UsageError
 
 
@@ -86,3 +86,117 @@ def test_subsample_and_batches_are_seeded_and_ordered():
     assert torch.equal(a.x, b.x) and len(a) == 100
     xs = torch.cat([x for x, _ in iterate_batches(a, 32)])
     assert torch.equal(xs, a.x)
+
+
+# -- issue 11: bad data is refused where it enters, in one line ---------------------------------
+def _npz(tmp_path, **arrays):
+    np.savez(tmp_path / "d.npz", **arrays)
+    return f"npz:{tmp_path / 'd.npz'}"
+
+
+def test_non_finite_images_and_fractional_labels_are_refused(tmp_path):
+    """Issue 11 item 11: NaN images passed the min/max range test (accuracy 0.05, exit 0) and float
+    labels were truncated (1.7 -> 1) without a word."""
+    x = np.zeros((5, 1, 4, 4), np.float32)
+    x[3, 0, 1, 1] = np.nan
+    with pytest.raises(UsageError, match=r"1 of 5 images hold NaN or inf values \(the first is image 3\)"):
+        jemeval.load_dataset(_npz(tmp_path, x=x))
+    x[3, 0, 1, 1] = np.inf
+    with pytest.raises(UsageError, match="NaN or inf"):
+        jemeval.load_dataset(_npz(tmp_path, x=x))
+    x[3, 0, 1, 1] = 0.5
+    with pytest.raises(UsageError, match=r"labels must be whole numbers, but label 2 is 1\.7"):
+        jemeval.load_dataset(_npz(tmp_path, x=x, y=np.array([0, 1, 1.7, 2, 0])))
+    with pytest.raises(UsageError, match="labels must be class indices >= 0"):
+        jemeval.load_dataset(_npz(tmp_path, x=x, y=np.array([0, 1, -3, 2, 0])))
+    # whole-number float labels lose nothing and are accepted; -1 means unlabelled
+    ds = jemeval.load_dataset(_npz(tmp_path, x=x, y=np.array([0.0, 1.0, 2.0, -1.0, 0.0])))
+    assert ds.y.tolist() == [0, 1, 2, -1, 0] and ds.num_classes == 3
+    # the same check guards every in-memory dataset, not just npz files
+    with pytest.raises(UsageError, match="'mine': 1 of 2 images hold NaN"):
+        ArrayDataset(torch.tensor([[0.0], [float("nan")]]), name="mine")
+    with pytest.raises(UsageError, match="labels must be whole numbers"):
+        ArrayDataset(torch.zeros(2, 1), torch.tensor([0.0, 0.5]))
+
+
+def test_nan_npz_is_refused_by_eval_in_one_line(tmp_path, digits_classifier_ckpt):
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    x = np.zeros((4, 1, 8, 8), np.float32)
+    x[0] = np.nan
+    spec = _npz(tmp_path, x=x, y=np.zeros(4, np.int64))
+    r = CliRunner().invoke(cli, ["eval", "--model", str(digits_classifier_ckpt), "--data", spec, "--device", "cpu"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "NaN or inf" in r.output, r.output
+
+
+def _bad_npz(tmp_path, kind):
+    p = tmp_path / "bad.npz"
+    if kind == "zero images":
+        np.savez(p, x=np.zeros((0, 1, 4, 4), np.float32))
+    elif kind == "npy":
+        np.save(tmp_path / "bad.npy", np.zeros((2, 1, 4, 4), np.float32))
+        return tmp_path / "bad.npy"
+    elif kind == "corrupt zip":
+        p.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    elif kind == "0-d x":
+        np.savez(p, x=np.array(0.5))
+    elif kind == "string x":
+        np.savez(p, x=np.array(["a", "b"]))
+    elif kind == "length mismatch":
+        np.savez(p, x=np.zeros((4, 1, 4, 4), np.float32), y=np.zeros(3, np.int64))
+    elif kind == "object array":
+        np.savez(p, x=np.array([np.zeros(2), np.zeros(3)], dtype=object))
+    elif kind == "pickle":
+        import pickle
+
+        p.write_bytes(pickle.dumps({"x": 1}))
+    elif kind == "no x":
+        np.savez(p, pixels=np.zeros((2, 1, 4, 4), np.float32))
+    elif kind == "string labels":
+        np.savez(p, x=np.zeros((2, 1, 4, 4), np.float32), y=np.array(["cat", "dog"]))
+    return p
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("zero images", "holds no images ('x' has shape (0, 1, 4, 4))"),
+    ("npy", "is a single .npy array, not a .npz archive"),
+    ("corrupt zip", "is not a readable .npz archive"),
+    ("0-d x", "got dtype float64 and shape ()"),
+    ("string x", "got dtype <U1 and shape (2,)"),
+    ("length mismatch", "4 images but labels of shape (3,)"),
+    ("object array", "array 'x' is an object array (jemeval loads numeric arrays only)"),
+    ("pickle", "is not a readable .npz archive"),
+    ("no x", "has no array 'x' or 'images' (it has pixels)"),
+    ("string labels", "labels 'y' must be integers, got dtype <U3"),
+])
+def test_bad_npz_files_are_one_clear_line(tmp_path, kind, message):
+    """Issue 11 item 12: these ended in "unexpected X ... (a bug in jemeval)"."""
+    path = _bad_npz(tmp_path, kind)
+    with pytest.raises(UsageError) as exc:
+        jemeval.load_dataset(f"npz:{path}")
+    assert message in str(exc.value) and str(path) in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("layout, message", [
+    ({}, "has no class sub-folders"),
+    ({"loose.png": "png"}, "has no class sub-folders"),
+    ({"cat/notes.txt": "text"}, "Found no valid file for the classes cat"),
+    ({"cat/broken.png": "text", "cat/ok.png": "png"}, "broken.png' in the image folder is not a readable image"),
+])
+def test_bad_image_folders_are_one_clear_line(tmp_path, layout, message):
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for rel, content in layout.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if content == "png":
+            Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / rel)
+        else:
+            (root / rel).write_text("not an image")
+    with pytest.raises(UsageError) as exc:
+        ds = jemeval.load_dataset(f"folder:{root}")
+        [ds[i] for i in range(len(ds))]
+    assert message in str(exc.value) and "\n" not in str(exc.value)

@@ -150,3 +150,31 @@ def test_recorded_sgld_reads_checkpoint_settings_aliases_and_overrides():
         recorded_sgld(m, 3, bn_mode="trian")
     with pytest.raises(UsageError, match="clamp must be two numbers"):
         SGLD(clamp=(0.0,))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("step_size", float("nan")), ("noise", float("inf")), ("step_size", "fast"), ("clamp", (-1.0, float("nan"))),
+    ("steps", 2.5), ("steps", float("nan")),
+])
+def test_sampler_fields_must_be_finite(field, value):
+    """Issue 11 item 10: `--sgld-lr nan` turned every chain into NaN and printed accuracy 0, exit 0."""
+    from jemeval.errors import UsageError
+    from jemeval.sampling_proximal import ProximalSGLD
+
+    for cls in (SGLD, ProximalSGLD):
+        with pytest.raises(UsageError, match=rf"^{cls.__name__} {field.split('_')[0]}"):
+            cls(**{field: value})
+    for name in ("inner_step_size", "grad_clip"):
+        with pytest.raises(UsageError, match=rf"ProximalSGLD {name} must be a finite number, got nan"):
+            ProximalSGLD(**{name: float("nan")})
+
+
+def test_cli_refuses_a_nan_step_size_in_one_line(digits_classifier_ckpt):
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    for command in (["eval", "--refine-steps", "1", "--sgld-lr", "nan"], ["sample", "--steps", "1", "--sgld-std", "inf"]):
+        r = CliRunner().invoke(cli, [*command, "--model", str(digits_classifier_ckpt), "--device", "cpu"])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines()[-1].startswith("Error: SGLD ") and "finite number" in r.output

@@ -1,7 +1,10 @@
 """Sample quality (`jemeval fidelity`): Frechet distances, model features, IS/FID/KID plumbing."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pickle
 import sys
 
 import numpy as np
@@ -157,16 +160,83 @@ def no_download(monkeypatch):
     return tfe
 
 
-def test_given_weights_path_is_the_one_torch_fidelity_opens(no_download, tmp_path):
-    """A stand-in with the right first and last tensors passes jemeval's check; the library then
-    opens that very file and rejects it, which comes back as one line naming the file."""
+def _stand_in_weights(path):
+    """The right first and last tensors: passes jemeval's check, and torch-fidelity then rejects it."""
+    state = {"Conv2d_1a_3x3.conv.weight": torch.randn(32, 3, 3, 3), "fc.weight": torch.randn(1008, 2048)}
+    torch.save(state, path)
+    return state
+
+
+def test_torch_fidelity_gets_the_verified_tensors(no_download, tmp_path):
+    """The library is handed the tensors jemeval verified (not the path); its rejection of the
+    stand-in comes back as one line naming the file."""
     stand_in = tmp_path / "stand_in.pth"
-    torch.save({"Conv2d_1a_3x3.conv.weight": torch.zeros(32, 3, 3, 3), "fc.weight": torch.zeros(1008, 2048)}, stand_in)
+    _stand_in_weights(stand_in)
     info = check_inception_weights(stand_in)
     assert info["path"] == str(stand_in) and not info["is_release_file"]
+    assert info["sha256"] == hashlib.sha256(stand_in.read_bytes()).hexdigest()
     x = torch.rand(6, 1, 8, 8) * 2 - 1
     with pytest.raises(CheckpointError, match=r"torch-fidelity could not use .*stand_in\.pth.*Missing key"):
         fidelity(x, x, inception_weights=stand_in, metrics="is,fid")
+
+
+class _MkdirPayload:
+    """A pickle that runs code when fully unpickled: it creates the folder ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_weights_swapped_during_sampling_never_run_code(no_download, tmp_path, monkeypatch, digits_classifier_ckpt):
+    """Issue 11 item 7, as an attack: the CLI verifies the weights file, then (while samples are
+    drawn) the file is replaced by a pickle payload of the same size and mtime. Before the fix the
+    check was cached by (path, size, mtime) and torch-fidelity re-opened the path with full pickle,
+    running the payload. Now the payload must never run, and torch-fidelity must get the verified tensors."""
+    from jemeval.cli.commands import fidelity as cmd
+
+    weights, marker = tmp_path / "weights.pth", tmp_path / "payload-ran"
+    verified = _stand_in_weights(weights)
+    before = weights.stat()
+    payload = pickle.dumps(_MkdirPayload(marker), protocol=2)
+
+    def swap():
+        weights.write_bytes(payload + b"\0" * (before.st_size - len(payload)))
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = weights.stat()
+        assert (after.st_size, after.st_mtime) == (before.st_size, before.st_mtime)
+
+    sample_then_swap = cmd.sample_from_options
+
+    def sampling_and_swap(*args, **kwargs):  # runs after the CLI's check, before torch-fidelity
+        samples = sample_then_swap(*args, **kwargs)
+        swap()
+        return samples
+
+    received = {}
+    load = no_download.FeatureExtractorInceptionV3.load_state_dict
+
+    def spy(self, state, *args, **kwargs):
+        received.update(state)
+        return load(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(cmd, "sample_from_options", sampling_and_swap)
+    monkeypatch.setattr(no_download.FeatureExtractorInceptionV3, "load_state_dict", spy)
+    res = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--inception-weights", str(weights),
+                                   "--metrics", "is", "--n", "2", "--steps", "1", "--device", "cpu"])
+    assert not marker.exists(), "the swapped-in pickle ran"
+    assert weights.read_bytes().startswith(payload)  # the swap did happen
+    # torch-fidelity got exactly the verified tensors; the stand-in lacks the rest, a clean one-line failure
+    assert set(received) == set(verified) and all(torch.equal(received[k], v) for k, v in verified.items())
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    last = res.output.strip().splitlines()[-1]  # after the sampling progress bar
+    assert last.startswith("Error: torch-fidelity could not use") and "Missing key" in last
+    # the payload is live: a full-pickle load of the file as it now is would have run it
+    with pytest.raises(RuntimeError, match="magic number"):  # after the payload ran
+        torch.load(weights, weights_only=False)
+    assert marker.is_dir()
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +276,12 @@ def test_inception_metrics_end_to_end(no_download, random_inception_weights, mon
     assert any("say little" in n for n in res.notes)
     out = json.loads(res.to_json())
     assert out["records"][0]["features"] == "inception-v3-compat"
+
+
+def test_ref_n_errors_name_the_parameter_and_the_flag(digits_classifier_ckpt):
+    """Issue 11 item 14: `fidelity --ref-n 0` sampled first, then blamed `--n`."""
+    with pytest.raises(UsageError, match=r"^ref_n must be a positive number of examples, got 0$"):
+        fidelity(torch.zeros(4, 1, 8, 8), "digits", features=digits_classifier_ckpt, metrics="fd", ref_n=0)
+    r = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--features", str(digits_classifier_ckpt),
+                                 "--ref-n", "0", "--n", "2", "--steps", "1"])
+    assert r.exit_code == 2 and "'--ref-n'" in r.output and "'--n'" not in r.output and "SGLD" not in r.output, r.output

@@ -189,7 +189,7 @@ def test_cli_outputs(digits_classifier_ckpt, tmp_path):
     (["--ood", "uniform", "--score", "logpz"], "did you mean 'logpx'"),
     (["--ood", "uniform", "--plot", "hist.pdf"], "--plot must be a .png file"),
     (["--ood", "uniform", "--save-scores", "s.csv"], "--save-scores must be a .npz file"),
-    (["--ood", "uniform", "--n", "0"], "--n must be positive"),
+    (["--ood", "uniform", "--n", "0"], "Invalid value for '--n'"),
     (["--ood", "digits"], "is the in-distribution set itself"),
     (["--ood", "uniform", "--metric", "aurok"], "did you mean 'auroc'"),
 ])
@@ -221,3 +221,25 @@ def test_jem_beats_its_classifier_baseline_on_density_scores(digits_jem_ckpt, di
     jem, base = table(digits_jem_ckpt), table(digits_baseline_ckpt)
     assert jem[("logpx", "uniform")] >= 0.99
     assert jem[("gradnorm", "interp:digits")] > base[("gradnorm", "interp:digits")]
+
+
+def test_a_single_string_is_one_set_not_its_letters(clf):
+    """Issue 11 item 14: evaluate_ood(m, "uniform") iterated the string ("unknown dataset 'u'")."""
+    one = evaluate_ood(clf, "uniform", scores="logpx", metrics="auroc", n=40, progress=False)
+    listed = evaluate_ood(clf, ["uniform"], scores=["logpx"], metrics=["auroc"], n=40, progress=False)
+    assert one.records == listed.records and [r["ood"] for r in one.records] == ["uniform"]
+    two = evaluate_ood(clf, "uniform,constant", scores="logpx,maxprob", metrics="auroc", n=40, progress=False)
+    assert [(r["score"], r["ood"]) for r in two.records] == [
+        ("logpx", "uniform"), ("logpx", "constant"), ("maxprob", "uniform"), ("maxprob", "constant")]
+
+
+@pytest.mark.parametrize("T", ["0", "-1", "nan", "inf"])
+def test_energy_temperature_must_be_positive_and_finite(digits_classifier_ckpt, T):
+    """Issue 11 item 14: `--score energy:T=0` blamed the model's outputs for overflowing."""
+    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", f"energy:T={T}", "--n", 20)
+    assert r.exit_code == 2 and "overflow" not in r.output
+    assert r.output.strip().splitlines() == [
+        f"Error: score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got {T if T in ('0', '-1') else repr(T)}"]
+    logits = torch.randn(5, 3)
+    ref = 2.0 * torch.logsumexp(logits / 2.0, dim=1)  # T * logsumexp(f / T), by hand
+    assert torch.allclose(resolve_scores(["energy:T=2"])[0].on_batch(None, None, logits), ref)

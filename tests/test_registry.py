@@ -64,3 +64,47 @@ def test_parse_spec(text, name, variant, options, classes):
 def test_parse_spec_bad_class_list():
     with pytest.raises(UsageError, match="bad class list"):
         parse_spec("digits[a-b]")
+
+
+def test_python_api_takes_plural_kinds_like_the_cli():
+    """Issue 11 item 14: `jemeval list models` works, so jemeval.get("models", ...) must too."""
+    import jemeval
+
+    assert jemeval.get("models", "cnn") is jemeval.get("model", "cnn")
+    assert jemeval.names("scores") == jemeval.names("score") and "logpx" in jemeval.names("Scores")
+    with pytest.raises(UsageError, match=r"unknown component kind 'modles' \(did you mean 'model'\?\)"):
+        jemeval.names("modles")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("cnn:widht=8", "model 'cnn' has no option 'widht' (did you mean 'width'?); its options: width"),
+    ("wrn:widn=4", "model 'wrn' has no option 'widn' (did you mean 'widen'?); its options: depth, widen, norm, dropout"),
+    ("cnn:big", "model 'cnn' takes no ':big' variant, only key=value options (width), e.g. cnn:width=..."),
+])
+def test_model_options_are_checked_against_the_factory(spec, message):
+    """Issue 11 item 14: `--arch cnn:widht=8` gave a TypeError text with neither the valid options nor a suggestion."""
+    import jemeval
+
+    with pytest.raises(UsageError) as exc:
+        jemeval.create_model(spec, 10, (1, 8, 8))
+    assert str(exc.value) == message
+
+
+def test_cli_arch_typo_lists_the_options(tmp_path):
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    r = CliRunner().invoke(cli, ["train", "digits", "--arch", "cnn:widht=8", "--epochs", "1", "--out", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "did you mean 'width'?" in r.output and "its options: width" in r.output, r.output
+    assert not (tmp_path / "r" / "best.pt").exists()
+
+
+def test_split_specs_keeps_a_single_name_whole():
+    from jemeval.registry import split_specs
+
+    assert split_specs("uniform", "ood") == ["uniform"]
+    assert split_specs("uniform, digits[0,1],interp", "ood") == ["uniform", "digits[0,1]", "interp"]
+    assert split_specs(("uniform", " interp "), "ood") == ["uniform", "interp"]
+    with pytest.raises(UsageError, match="ood is empty"):
+        split_specs(" , ", "ood")

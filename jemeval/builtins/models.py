@@ -5,6 +5,10 @@ from __future__ import annotations
 from ..errors import UsageError, did_you_mean
 from ..hookspecs import hookimpl
 
+#: timm.create_model options that make timm open a file or fetch weights/configs: jemeval never passes
+#: them on (a checkpoint could otherwise name a pickle for timm to load; see checkpoints.py)
+TIMM_LOADER_OPTIONS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir")
+
 
 def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str | None = None,
         dropout: float = 0.0):
@@ -36,7 +40,10 @@ def timm_model(num_classes, input_shape, *, variant: str | None = None, **option
     available = timm.list_models()
     if variant not in available:
         raise UsageError(f"unknown timm architecture {variant!r}{did_you_mean(variant, available)}")
-    options.pop("pretrained", None)
+    for key in TIMM_LOADER_OPTIONS:
+        if options.pop(key, None):
+            raise UsageError(f"timm option {key!r} is refused: jemeval builds timm models randomly initialised and "
+                             "loads weights only from its own tensor-only checkpoints")
     return timm.create_model(variant, pretrained=False, num_classes=num_classes, in_chans=input_shape[0], **options)
 
 

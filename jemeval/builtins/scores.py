@@ -10,8 +10,11 @@
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..errors import UsageError
 from ..hookspecs import hookimpl
 from ..sampling import frozen, input_grad
 
@@ -36,9 +39,20 @@ def maxlogit(model, x):
 
 def energy(model, x, *, T: float = 1.0):
     """T * logsumexp(f(x)/T): negative free energy at temperature T (energy:T=2)."""
-    T = float(T)
     with torch.no_grad():
-        return T * (model.logits(x) / T).logsumexp(dim=1)
+        return _energy_from_logits(model.logits(x), T)
+
+
+def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
+    """The energy score of logits; T must be a finite number > 0 (T = 0 divides by zero, and the
+    resulting NaN scores would otherwise be blamed on the model's outputs)."""
+    try:
+        t = float(T)
+    except (TypeError, ValueError):
+        raise UsageError(f"score 'energy': the temperature T must be a number > 0, got {T!r}") from None
+    if not (math.isfinite(t) and t > 0):
+        raise UsageError(f"score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got {T!r}")
+    return t * (logits / t).logsumexp(dim=1)
 
 
 def gradnorm(model, x):
@@ -53,7 +67,7 @@ def gradnorm(model, x):
 logpx.from_logits = lambda logits: logits.logsumexp(dim=1)
 maxprob.from_logits = lambda logits: logits.softmax(dim=1).amax(dim=1)
 maxlogit.from_logits = lambda logits: logits.amax(dim=1)
-energy.from_logits = lambda logits, T=1.0: float(T) * (logits / float(T)).logsumexp(dim=1)
+energy.from_logits = _energy_from_logits
 
 
 @hookimpl

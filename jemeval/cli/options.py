@@ -88,38 +88,17 @@ def model_option(fn):
 
 
 def resolve_device(device: str | None) -> torch.device:
-    """'auto' -> cuda when available, else cpu; a clear error for an unavailable device."""
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {device!r} requested but CUDA is not available here; use --device cpu")
-    return dev
+    """``--device``: the core parser (:func:`jemeval.devices.resolve_device`) naming the flag."""
+    from ..devices import resolve_device as parse_device
+
+    return parse_device(device, name="--device")
 
 
 def split_list(value: str | None, what: str) -> list[str]:
     """'a,b , c' -> ['a', 'b', 'c'] (brackets kept together: 'digits[0,1],uniform')."""
-    if value is None:
-        return []
-    items, depth, cur = [], 0, ""
-    for ch in value:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur.strip())
-    items = [i for i in items if i]
-    if not items:
-        raise UsageError(f"{what} is empty; give a comma-separated list")
-    return items
+    from ..registry import split_specs
+
+    return split_specs(value, what)
 
 
 def parse_floats(value: str, what: str) -> list[float]:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import iterate_batches
+from ..devices import resolve_device
 from ..errors import JemevalError, UsageError
 from ..registry import check_options, parse_spec
 from ..sampling import frozen
@@ -207,7 +208,7 @@ def prepare_model(model, device: str | torch.device | None = None):
 
         return load_model(model, device=device or "cpu")
     if device is not None:
-        model = model.to(device)
+        model = model.to(resolve_device(device))
     return model.eval()
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..devices import resolve_device
 from ..energy import EnergyModel
 from ..errors import UsageError
 from ..provenance import provenance
@@ -49,7 +50,7 @@ def distal(
     """
     from tqdm.auto import tqdm
 
-    device = torch.device(device)
+    device = resolve_device(device)
     model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
     targets = [targets] if isinstance(targets, int) else [int(t) for t in targets]
     if not targets:

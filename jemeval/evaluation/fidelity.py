@@ -4,8 +4,10 @@ Two families of numbers, because the published ones cannot be reproduced everywh
 
 * **Inception Score, FID and KID** through torch-fidelity (``pip install 'jemeval[fidelity]'``)
   with its TF1-compatible InceptionV3. jemeval never downloads the Inception weights: pass the
-  file (``--inception-weights``, or ``$JEMEVAL_INCEPTION_WEIGHTS``). The file is first opened with
-  ``weights_only=True`` and checked, so a wrong or unsafe file is one clear error. Images are
+  file (``--inception-weights``, or ``$JEMEVAL_INCEPTION_WEIGHTS``). The file is read once, loaded
+  with ``weights_only=True`` and checked, so a wrong or unsafe file is one clear error; the library
+  gets an in-memory copy of those verified tensors, never the path (it would re-open the file with
+  full pickle, and the file could have been swapped in the meantime). Images are
   mapped from [-1, 1] to uint8 RGB (gray channels repeated) and resized to 299 x 299 by the
   library; on 8 x 8 digits these numbers say little, which is recorded as a note.
 * **A Frechet distance in the feature space of any jemeval checkpoint** (``--features PATH``):
@@ -17,7 +19,10 @@ part of every result: published IS/FID depend on it (the JEM paper's evaluation,
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..devices import resolve_device
 from ..energy import EnergyModel
 from ..errors import CheckpointError, JemevalError, UsageError, did_you_mean
 from ..results import Result
@@ -131,18 +137,20 @@ def require_torch_fidelity():
     return torch_fidelity
 
 
-#: weights files already validated in this process, by (path, size, mtime)
-_CHECKED_WEIGHTS: dict[tuple[str, int, float], dict[str, Any]] = {}
+#: the last weights file validated in this process, by (path, size, mtime): its identity and the
+#: tensors read from it. Only these tensors ever reach torch-fidelity; the file is not opened again.
+_VERIFIED: dict[tuple[str, int, float], tuple[dict[str, Any], dict[str, torch.Tensor]]] = {}
 
 
 def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
-    """Validate an Inception weights file before the library opens it; returns its identity.
+    """Read an Inception weights file once, validate it, and keep its tensors; returns its identity.
 
-    torch-fidelity loads the file with ``weights_only=False``; opening it here first with
-    ``weights_only=True`` guarantees that load cannot run code.
+    The bytes are read into memory once, hashed, and loaded with ``weights_only=True``; what
+    torch-fidelity later gets is an in-memory copy of these verified tensors
+    (:func:`verified_weights`), never the user's path. torch-fidelity itself loads with
+    ``weights_only=False``, so a file swapped after this check (same size and mtime) must not be
+    what it opens.
     """
-    from ..checkpoints import file_sha256
-
     if not path:
         raise UsageError(missing_weights_message())
     p = Path(path).expanduser()
@@ -150,10 +158,11 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
         raise UsageError(f"--inception-weights {str(p)!r} does not exist; " + missing_weights_message().split(": ", 1)[1])
     stat = p.stat()
     key = (str(p.resolve()), stat.st_size, stat.st_mtime)
-    if key in _CHECKED_WEIGHTS:  # the CLI checks before sampling; fidelity() must not reload ~95 MB
-        return dict(_CHECKED_WEIGHTS[key])
+    if key in _VERIFIED:  # the CLI checks before sampling; fidelity() must not reload ~95 MB
+        return dict(_VERIFIED[key][0])
+    data = p.read_bytes()
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways; each becomes one line
         first = ": ".join(filter(None, [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:160]]))
         raise CheckpointError(f"--inception-weights {str(p)!r} is not a tensor-only PyTorch weights file ({first}); "
@@ -163,9 +172,33 @@ def check_inception_weights(path: str | os.PathLike | None) -> dict[str, Any]:
     if problems:
         raise CheckpointError(f"--inception-weights {str(p)!r} is not torch-fidelity's InceptionV3 (no {problems[0]!r} "
                               f"of shape {list(_INCEPTION_KEYS[problems[0]])}); expected {INCEPTION_FILE}")
-    sha = file_sha256(p)
-    _CHECKED_WEIGHTS[key] = {"path": str(p), "sha256": sha, "is_release_file": sha.startswith(INCEPTION_SHA256_PREFIX)}
-    return dict(_CHECKED_WEIGHTS[key])
+    sha = hashlib.sha256(data).hexdigest()
+    identity = {"path": str(p), "sha256": sha, "is_release_file": sha.startswith(INCEPTION_SHA256_PREFIX)}
+    tensors = OrderedDict((k, v) for k, v in state.items() if isinstance(k, str) and torch.is_tensor(v))
+    if isinstance(getattr(state, "_metadata", None), dict):  # module versions: load_state_dict reads them
+        tensors._metadata = state._metadata
+    _VERIFIED.clear()  # one ~95 MB state at a time
+    _VERIFIED[key] = (identity, tensors)
+    return dict(identity)
+
+
+def verified_weights(weights: dict[str, Any]) -> io.BytesIO:
+    """An in-memory file of the tensors :func:`check_inception_weights` verified for ``weights``.
+
+    Written by ``torch.save`` from plain tensors here, so torch-fidelity's ``torch.load(...,
+    weights_only=False)`` unpickles only what jemeval wrote: nothing on disk can be swapped in.
+    """
+    state = next((tensors for identity, tensors in _VERIFIED.values() if identity["sha256"] == weights.get("sha256")), None)
+    if state is None:  # identity from an earlier check whose tensors were dropped: verify again
+        again = check_inception_weights(weights.get("path"))
+        if again["sha256"] != weights.get("sha256"):
+            raise CheckpointError(f"--inception-weights {weights.get('path')!r} changed since it was checked "
+                                  f"(sha256 {str(weights.get('sha256'))[:12]}... -> {again['sha256'][:12]}...); run again")
+        return verified_weights(again)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def to_uint8_rgb(x: torch.Tensor) -> torch.Tensor:
@@ -206,7 +239,7 @@ def inception_metrics(samples: torch.Tensor, reference: torch.Tensor | None, wei
     if n1 < 2 or (binary and (n2 or 0) < 2):
         raise UsageError("IS/FID/KID need at least 2 samples and 2 reference images")
     opts = {
-        "feature_extractor": "inception-v3-compat", "feature_extractor_weights_path": weights["path"],
+        "feature_extractor": "inception-v3-compat",
         "isc": "is" in metrics, "fid": "fid" in metrics, "kid": "kid" in metrics,
         "isc_splits": max(1, min(isc_splits, n1)), "kid_subset_size": min(kid_subset_size, n1, n2 or n1),
         "batch_size": batch_size, "rng_seed": seed,
@@ -215,7 +248,7 @@ def inception_metrics(samples: torch.Tensor, reference: torch.Tensor | None, wei
         out = tf.calculate_metrics(
             input1=Uint8Images(samples), input2=Uint8Images(reference) if binary else None,
             cuda=torch.device(device).type == "cuda", cache=False, verbose=False, save_cpu_ram=True,
-            datasets_download=False, **opts,
+            datasets_download=False, feature_extractor_weights_path=verified_weights(weights), **opts,
         )
     except RuntimeError as exc:  # e.g. load_state_dict: keys or shapes not InceptionV3's
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
@@ -261,7 +294,7 @@ def reference_images(spec: str | torch.Tensor | Dataset, split: str, n: int | No
     if torch.is_tensor(spec):
         return spec, {"dataset": "<tensor>", "n": len(spec)}
     ds = spec if isinstance(spec, Dataset) else load_dataset(spec, split=split, root=data_root)
-    x, _ = to_arrays(subsample(ds, n, seed))
+    x, _ = to_arrays(subsample(ds, n, seed, name="ref_n"))
     return x, {"dataset": getattr(ds, "spec", str(spec)), "split": split, "n": len(x), "subsample_seed": seed}
 
 
@@ -293,7 +326,7 @@ def fidelity(
     from .batching import prepare_model
     from .generation import Samples, load_samples
 
-    device = torch.device(device or "cpu")
+    device = resolve_device(device or "cpu")
     inception_weights = inception_weights or os.environ.get(WEIGHTS_ENV) or None
     feature_models = [] if features is None else (list(features) if isinstance(features, (list, tuple)) else [features])
     chosen, notes = resolve_metrics(metrics, have_features=bool(feature_models), have_weights=bool(inception_weights))

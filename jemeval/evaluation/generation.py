@@ -165,7 +165,7 @@ def buffer_from_model(model: EnergyModel, replay_buffer: torch.Tensor | None) ->
     """The replay buffer given, or the one stored in the model's checkpoint; a clear error if none."""
     if replay_buffer is not None:
         return replay_buffer, "given"
-    from ..checkpoints import read_checkpoint, replay_buffer_of
+    from ..checkpoints import check_finite, read_checkpoint, replay_buffer_of
 
     ckpt = (model.metadata.get("checkpoint") or {}).get("path")
     if ckpt is None:
@@ -174,6 +174,7 @@ def buffer_from_model(model: EnergyModel, replay_buffer: torch.Tensor | None) ->
     if buf is None:
         raise UsageError(f"--init buffer: checkpoint {ckpt!r} stores no replay buffer (JEM checkpoints from "
                          "`jemeval train` with --px-weight > 0 and JEM release files do); use --init noise or --init data")
+    check_finite(buf, "its replay buffer", ckpt)  # NaN chain starts would sample NaN images
     return buf, ckpt
 
 

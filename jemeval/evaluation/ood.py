@@ -24,7 +24,7 @@ import torch
 
 from ..data import load_dataset, subsample
 from ..errors import UsageError
-from ..registry import parse_spec
+from ..registry import parse_spec, split_specs
 from ..results import Result
 from .batching import (
     DEFAULT_BATCH_SIZE,
@@ -105,10 +105,10 @@ def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
 
 def compute_ood_scores(
     model,
-    ood: Sequence[str],
+    ood: str | Sequence[str],
     *,
     id: str | None = None,
-    scores: Sequence[str] = DEFAULT_SCORES,
+    scores: str | Sequence[str] = DEFAULT_SCORES,
     split: str = "test",
     n: int | None = None,
     sigma: float = 0.0,
@@ -126,10 +126,10 @@ def compute_ood_scores(
     set i (0 = ID) comes from a generator seeded with ``seed + i``.
     """
     model = prepare_model(model, device)
-    ood = list(ood)
+    ood = split_specs(ood, "ood")  # "uniform" is one set, "uniform,interp" two, as on the command line
     if not ood:
         raise UsageError("give at least one OOD dataset, e.g. --ood uniform,interp")
-    score_fns = resolve_scores(list(scores))
+    score_fns = resolve_scores(split_specs(scores, "scores"))
     if not score_fns:
         raise UsageError("give at least one score, e.g. --score logpx,maxprob")
     id_name = id or training_dataset(model, option="--id")
@@ -240,15 +240,15 @@ def ood_records(
 
 def evaluate_ood(
     model,
-    ood: Sequence[str],
+    ood: str | Sequence[str],
     *,
     id: str | None = None,
-    scores: Sequence[str] = DEFAULT_SCORES,
+    scores: str | Sequence[str] = DEFAULT_SCORES,
     split: str = "test",
     n: int | None = None,
     sigma: float = 0.0,
     seed: int = 0,
-    metrics: Sequence[str] | None = None,
+    metrics: str | Sequence[str] | None = None,
     bootstrap: int = 0,
     level: float = 0.95,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -259,7 +259,9 @@ def evaluate_ood(
     plot: str | Path | None = None,
     progress: bool | None = None,
 ) -> Result:
-    """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``.
+    """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``
+    (a list of dataset specs, or one string: a spec or a comma list, like ``--ood``; ``scores`` and
+    ``metrics`` likewise).
 
     The in-distribution set defaults to the model's training dataset (test split). Returns a
     :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood, auroc,
@@ -270,6 +272,7 @@ def evaluate_ood(
     from ..provenance import provenance
 
     model = prepare_model(model, device)
+    metrics = None if metrics is None else split_specs(metrics, "metrics")
     resolve_metrics(metrics)  # fail on a misspelt metric before the (long) score computation
     if bootstrap < 0 or not 0 < level < 1:
         raise UsageError(f"--bootstrap must be >= 0 and --level in (0, 1), got {bootstrap} and {level}")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..devices import resolve_device
 from ..energy import EnergyModel
 from ..errors import JemevalError, UsageError
 from ..interfaces import NORMS, pixel_to_model_scale
@@ -221,7 +222,7 @@ def robust(
         raise UsageError(f"--sigma must be >= 0, got {sigma}")
     if int(batch_size) < 1:
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
-    device = torch.device(device)
+    device = resolve_device(device)
     model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
 
     data = data or training_dataset(model)

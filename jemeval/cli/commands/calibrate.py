@@ -32,7 +32,7 @@ def bins_frame(result):
 @click.option("--data", default=None, help="Dataset to calibrate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--bins", type=int, default=20, show_default=True, help="Equal-width confidence bins.")
-@click.option("--n", "n", type=int, default=None, help="Use a seeded random subset of N examples.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
 @sigma_option
 @click.option("--temperature-scaling", is_flag=True,
               help="Also fit a temperature on a seeded validation subset of the train split and report the calibrated numbers.")

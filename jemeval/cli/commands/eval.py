@@ -21,7 +21,7 @@ from ..options import (
 @model_option
 @click.option("--data", default=None, help="Labelled dataset to evaluate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
-@click.option("--n", "n", type=int, default=None, help="Use a seeded random subset of N examples.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
 @sigma_option
 @click.option("--refine-steps", default="0", show_default=True,
               help="Comma-separated SGLD refinement steps K before classifying (one row each), e.g. 0,1,10.")

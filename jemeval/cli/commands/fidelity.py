@@ -16,7 +16,7 @@ from .sample import sample_from_options, sampling_options
               help="Score samples saved by `jemeval sample --save FILE.npz` instead of generating.")
 @click.option("--ref", "reference", default=None, help="Reference dataset [default: the model's dataset].")
 @click.option("--ref-split", default="train", show_default=True, help="Split of the reference dataset.")
-@click.option("--ref-n", type=int, default=None, help="Use a seeded random subset of N reference images.")
+@click.option("--ref-n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N reference images.")
 @click.option("--features", "features", multiple=True, type=click.Path(),
               help="A jemeval checkpoint whose penultimate features measure a Frechet distance 'fd' (offline, "
                    "any image size); repeat for several.")

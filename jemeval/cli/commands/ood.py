@@ -32,7 +32,7 @@ COLUMNS = None  # every record key, plugin metrics and CI columns included
               help="Comma-separated scores, with options as 'energy:T=2'. See 'jemeval list scores'.")
 @click.option("--metric", "metric", default=None,
               help="Comma-separated OOD metrics to report. Default: every registered OOD metric.")
-@click.option("--n", "n", type=int, default=None,
+@click.option("--n", "n", type=click.IntRange(min=1), default=None,
               help="Examples per set (a seeded random subset). Synthetic sets default to the ID set's size.")
 @sigma_option
 @click.option("--bootstrap", type=int, default=0, show_default=True,

@@ -42,7 +42,7 @@ def split_attack_specs(value: str) -> list[str]:
 @click.option("--epsilons", default=None,
               help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255 (default: a norm-specific list "
                    "ending at a size that should defeat any undefended model).")
-@click.option("--n", "n", type=int, default=300, show_default=True, help="Seeded random subset of the test set (the paper: 300).")
+@click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True, help="Seeded random subset of the test set (the paper: 300).")
 @click.option("--steps", type=int, default=None, help="Attack iterations (PGD default 40, the paper 100; Boundary default 1000).")
 @click.option("--restarts", type=int, default=None, help="PGD random restarts (default 1, the paper 20).")
 @click.option("--grad-mode", default="full", show_default=True,
