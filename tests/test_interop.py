@@ -112,6 +112,7 @@ def test_batchnorm_layouts_give_the_reference_logits(tmp_path, f_linear, yopo, l
 def test_convert_writes_a_jemeval_checkpoint_with_source_and_provenance(tmp_path):
     sd = follow_up_state_dict(f_linear=False, yopo=True, seed=3)
     src, dst = tmp_path / "CIFAR10_jempp.pt", tmp_path / "out" / "jempp.pt"
+    dst.parent.mkdir()  # output folders are never created implicitly
     obj = save_follow_up(src, sd)
     result = convert(src, dst, dataset="digits")
     raw = torch.load(dst, weights_only=True)  # tensor-only: loads without code execution

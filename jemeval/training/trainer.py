@@ -151,6 +151,8 @@ class Trainer:
                                        reinit_freq=cfg.reinit_freq, device=self.device, generator=self.generator)
         self.monitor = DivergenceMonitor(cfg.max_abs_loss, cfg.max_abs_energy, cfg.energy_gap_band, cfg.gap_patience)
         self.policy = RecoveryPolicy(cfg.seed, sampling=cfg.samples)
+        if self.ctx.is_main:  # the run folder is the trainer's own: atomic writes create no folders
+            self.out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out / "metrics.csv")  # kept on every rank, written by rank 0
         # counters
         self.epoch = 0  # completed epochs

@@ -55,6 +55,7 @@ def save_epoch_grids(out_dir: Path, epoch: int, *, model, sgld: SGLD, buffer: Re
     """Write samples/buffer_epochNNN.png and samples/conditional_epochNNN.png."""
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
     folder = out_dir / "samples"
+    folder.mkdir(exist_ok=True)
     paths = []
     if buffer is not None or last_samples is not None:
         x, labels, ncol = buffer_images(buffer, last_samples, class_blocks, num_classes, g)
