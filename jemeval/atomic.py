@@ -1,10 +1,14 @@
 """Atomic file writes: write a temporary file in the target's folder, fsync, then rename.
 
-A crash or Ctrl-C mid-write leaves the previous file intact, never half a checkpoint.
+A crash or Ctrl-C mid-write leaves the previous file intact, never half a checkpoint. A full disk
+(or quota, or file-size limit) gives one line naming the file, the previous file kept and the
+temporary one removed. No folder is ever created here: a mistyped output path must not create
+directories anywhere; code that owns a folder (the trainer's run folder) creates it itself.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
@@ -15,29 +19,63 @@ TEMP_SUFFIX = ".tmp"
 #: What ``tempfile.mkstemp`` puts between prefix and suffix: 8 characters from this set.
 _MKSTEMP_RANDOM = r"[a-z0-9_]{8}"
 
+from .errors import UsageError, WriteError
+
+#: errno values that mean "no room for this file" rather than a bug or a permission problem
+SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large",
+                getattr(errno, "EDQUOT", errno.ENOSPC): "disk quota exceeded"}
+#: torch.save reports a failed write (a full disk, typically) as a RuntimeError from its zip writer
+TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed")
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
     target = Path(path)
+    tmp_path = _temp_file_next_to(target)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
-    except OSError as exc:  # a read-only or impossible location is the caller's path, not a bug
-        from .errors import UsageError
-
-        raise UsageError(f"cannot write {str(target)!r}: {exc.strerror or exc}; choose a writable location") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.chmod(tmp_path, _final_mode(target))  # mkstemp makes 0600 files; keep ordinary permissions
-        os.replace(tmp_path, target)
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.chmod(tmp_path, _final_mode(target))  # mkstemp makes 0600 files; keep ordinary permissions
+            os.replace(tmp_path, target)
+        except (OSError, RuntimeError) as exc:
+            problem = space_problem(exc)
+            if problem is None:
+                raise
+            raise WriteError(f"{problem} writing {str(target)!r}; the previous file (if any) is unchanged: "
+                             "free some space or choose another location") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _temp_file_next_to(target: Path) -> Path:
+    """An empty temporary file in ``target``'s folder (so the final rename stays on one file system)."""
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"cannot write {str(target)!r}: folder {str(folder)!r} {what}; "
+                         "create it first or choose another location")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=folder)
+    except OSError as exc:  # a read-only or full location is the caller's path, not a bug
+        problem = space_problem(exc)
+        if problem is not None:
+            raise WriteError(f"{problem} writing {str(target)!r}; free some space or choose another location") from None
+        raise UsageError(f"cannot write {str(target)!r}: {exc.strerror or exc}; choose a writable location") from None
+    os.close(fd)
+    return Path(tmp)
+
+
+def space_problem(exc: BaseException) -> str | None:
+    """'no space left on device' (or the like) when ``exc`` is a write failing for lack of room, else None."""
+    if isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS:
+        return SPACE_ERRNOS[exc.errno]
+    if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in TORCH_WRITE_FAILURES):
+        return "no space left on device or file too large"
+    return None
 
 
 def _final_mode(target: Path) -> int:

@@ -42,6 +42,10 @@ class DatasetNotFoundError(JemevalError):
     """A dataset's files are not on disk (and were not to be downloaded)."""
 
 
+class WriteError(JemevalError):
+    """A file could not be written for lack of space (full disk, quota, file-size limit)."""
+
+
 class TrainingDiverged(JemevalError):
     """Training diverged and the automatic recovery budget is spent."""
 

@@ -66,11 +66,9 @@ class Result:
         return df
 
     def table(self, columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
-        df = self.frame(columns)
-        if df.empty:
+        if not self.records:
             return "(no results)"
-        with _pd_options():
-            return df.to_string(index=False, float_format=lambda v: format(v, floatfmt))
+        return text_table(_plain(self.records), columns, floatfmt)
 
     def to_csv(self, columns: list[str] | None = None) -> str:
         buf = io.StringIO()
@@ -80,7 +78,7 @@ class Result:
         return buf.getvalue()
 
     def to_markdown(self, columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
-        table = self.frame(columns).to_markdown(index=False, floatfmt=floatfmt)
+        table = markdown_table(_plain(self.records), columns, floatfmt)
         prov = json.dumps(_plain(self.provenance), indent=2, sort_keys=True)
         notes = "".join(f"\n> {n}\n" for n in self.notes)
         return f"{table}\n{notes}\n<details><summary>provenance</summary>\n\n```json\n{prov}\n```\n</details>\n"
@@ -95,12 +93,41 @@ class Result:
         return write_text_atomic(path, self.to_markdown(columns))
 
 
-class _pd_options:
-    def __enter__(self):
-        import pandas as pd
+#: how a missing value (None, NaN) prints in tables and markdown; JSON has null, CSV an empty field
+MISSING = "-"
 
-        self._ctx = pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200)
-        self._ctx.__enter__()
 
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
+def table_columns(rows: list[dict[str, Any]], columns: list[str] | None = None) -> list[str]:
+    """``columns`` that some row has (in that order), or every key in order of first appearance."""
+    present = list(dict.fromkeys(k for row in rows for k in row))
+    return [c for c in columns if c in present] if columns else present
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _cell(value: Any, floatfmt: str) -> str:
+    if _missing(value):
+        return MISSING
+    if isinstance(value, float):
+        return format(value, floatfmt)
+    return str(value)
+
+
+def text_table(rows: list[dict[str, Any]], columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
+    """A plain right-aligned table; missing values print as ``-`` (the one rule for every table)."""
+    columns = table_columns(rows, columns)
+    cells = [[_cell(row.get(c), floatfmt) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    return "\n".join(" ".join(v.rjust(w) for v, w in zip(line, widths)) for line in [columns, *cells])
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None, floatfmt: str = ".4f") -> str:
+    """A pipe (GitHub) markdown table; missing values print as ``-`` as in :func:`text_table`."""
+    from tabulate import tabulate
+
+    columns = table_columns(rows, columns)
+    body = [[None if _missing(row.get(c)) else str(row[c]) if isinstance(row[c], bool) else row[c] for c in columns]
+            for row in rows]
+    return tabulate(body, headers=columns, tablefmt="pipe", floatfmt=floatfmt, missingval=MISSING)

@@ -1,3 +1,4 @@
+import errno
 import os
 
 import pytest
@@ -8,6 +9,7 @@ from jemeval.atomic import write_text_atomic
 def test_atomic_write_replaces_whole_file_with_ordinary_permissions(tmp_path):
     old = os.umask(0o022)
     try:
+        (tmp_path / "sub").mkdir()
         path = write_text_atomic(tmp_path / "sub" / "r.json", "one")
         assert path.read_text() == "one" and (path.stat().st_mode & 0o777) == 0o644
         os.chmod(path, 0o640)
@@ -31,3 +33,68 @@ def test_failed_write_leaves_previous_file_and_no_temp(tmp_path):
     with pytest.raises(RuntimeError):
         write_atomic(target, broken)
     assert target.read_text() == "previous" and os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_missing_folder_is_refused_not_created(tmp_path):
+    from jemeval.errors import UsageError
+
+    with pytest.raises(UsageError, match="folder .*missing' does not exist; create it first"):
+        write_text_atomic(tmp_path / "missing" / "r.json", "x")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("error, message", [
+    (OSError(errno.ENOSPC, "No space left on device"), "no space left on device writing"),
+    (OSError(errno.EFBIG, "File too large"), "file too large writing"),
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4160 vs 4048"),
+     "no space left on device or file too large writing"),
+])
+def test_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path, error, message):
+    from jemeval.atomic import write_atomic
+    from jemeval.errors import WriteError
+
+    target = tmp_path / "r.json"
+    target.write_text("previous")
+
+    def full(tmp):
+        tmp.write_text("half")
+        raise error
+
+    with pytest.raises(WriteError) as info:
+        write_atomic(target, full)
+    assert message in str(info.value) and repr(str(target)) in str(info.value) and "\n" not in str(info.value)
+    assert target.read_text() == "previous" and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch):
+    """torch.save's own message for a full disk ("enforce fail at inline_container.cc") becomes one line."""
+    import torch
+
+    import jemeval
+    from jemeval.checkpoints import save_checkpoint
+    from jemeval.errors import WriteError
+
+    model = jemeval.create_model("cnn", 3, (1, 4, 4), width=4)
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    before = path.read_bytes()
+
+    def torch_save_on_a_full_disk(obj, f, *args, **kwargs):
+        with open(f, "wb") as fh:
+            fh.write(b"PK\x03\x04 partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4160 vs 4048")
+
+    monkeypatch.setattr(torch, "save", torch_save_on_a_full_disk)
+    with pytest.raises(WriteError, match=r"no space left on device or file too large writing '.*m\.pt'"):
+        save_checkpoint(path, model)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["m.pt"]
+
+
+def test_other_write_errors_are_not_called_a_full_disk(tmp_path):
+    from jemeval.atomic import write_atomic
+
+    def broken(tmp):
+        raise RuntimeError("some bug")
+
+    with pytest.raises(RuntimeError, match="some bug"):
+        write_atomic(tmp_path / "x", broken)
+    assert os.listdir(tmp_path) == []

@@ -118,6 +118,36 @@ def test_cli_json_csv_and_bin_table(digits_classifier_ckpt, tmp_path):
     assert header.startswith("calibration,temperature,ece,mce,rms,brier,nll,accuracy,n") and "bins" not in header
 
 
+def test_plugin_calibration_metrics_are_opt_in(digits_classifier_ckpt, tmp_path, reference):
+    """An installed plugin's metric changes no default output; --metric names it (and picks built-ins)."""
+    from jemeval import testing
+
+    class Plugin:
+        @jemeval.hookimpl
+        def register_metrics(self, register):
+            @jemeval.calibration_metric
+            def test_mean_confidence(probs, labels):
+                return float(np.max(probs, axis=1).mean())
+
+            register("test-mean-confidence", test_mean_confidence)
+
+    with testing.registered_plugin(Plugin(), name="test-cal-plugin"):
+        default = run("calibrate", "--model", digits_classifier_ckpt, "--json")
+        named = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "ece,test-mean-confidence",
+                    "--no-bins", "--plot", tmp_path / "r.png")
+        typo = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "test-mean-confidense")
+    record = json.loads(default.stdout)["records"][0]
+    assert [k for k in record if k not in ("calibration", "temperature")] == [
+        "ece", "mce", "rms", "brier", "nll", "accuracy", "n", "bins"]
+    assert named.exit_code == 0, named.output
+    header, row = named.stdout.splitlines()[:2]
+    assert header.split() == ["calibration", "temperature", "ece", "accuracy", "n", "test-mean-confidence"]
+    probs, _ = reference
+    assert float(row.split()[-1]) == pytest.approx(probs.max(1).mean(), abs=1e-4)
+    assert (tmp_path / "r.png").exists()  # the diagram copes with a metric subset without mce
+    assert typo.exit_code == 2 and "did you mean 'test-mean-confidence'" in typo.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--data", "uniform"], "needs a labelled dataset"),
     (["--data", "digts"], "did you mean 'digits'"),

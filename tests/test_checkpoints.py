@@ -107,6 +107,7 @@ def test_infer_batchnorm_layout():
 def test_jemeval_checkpoint_roundtrip_is_tensor_only(tmp_path):
     m = jemeval.create_model("wrn:depth=10,widen=1,norm=batch", 7, (3, 16, 16), dropout=0.1)
     path = tmp_path / "ck" / "best.pt"
+    path.parent.mkdir()  # output folders are never created implicitly
     jemeval.save_checkpoint(path, m, dataset="npz:x.npz", replay_buffer=torch.zeros(4, 3, 16, 16), config={"a": 1})
     assert sorted(os.listdir(path.parent)) == ["best.pt"]  # no temp files left behind
     raw = torch.load(path, weights_only=True)

@@ -50,7 +50,8 @@ def test_more_user_mistakes_are_one_line(digits_classifier_ckpt, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     r = run("calibrate", "--model", ckpt, "--out", str(blocker / "sub" / "r.json"))
-    assert r.exit_code == 2 and "cannot write" in r.output and "choose a writable location" in r.output
+    assert r.exit_code == 2 and "folder" in r.output and "does not exist; create it first" in r.output
+    assert not (blocker.parent / "a_file" / "sub").exists()
     r = run("robust", "--model", ckpt, "--norm", "linf", "--epsilons", "0,1/0", "--n", "5")
     assert r.exit_code == 2 and "fractions like 8/255 are fine" in r.output
     r = run("eval", "--model", ckpt, "--sigma", "nan")

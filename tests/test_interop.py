@@ -112,6 +112,7 @@ def test_batchnorm_layouts_give_the_reference_logits(tmp_path, f_linear, yopo, l
 def test_convert_writes_a_jemeval_checkpoint_with_source_and_provenance(tmp_path):
     sd = follow_up_state_dict(f_linear=False, yopo=True, seed=3)
     src, dst = tmp_path / "CIFAR10_jempp.pt", tmp_path / "out" / "jempp.pt"
+    dst.parent.mkdir()  # output folders are never created implicitly
     obj = save_follow_up(src, sd)
     result = convert(src, dst, dataset="digits")
     raw = torch.load(dst, weights_only=True)  # tensor-only: loads without code execution
@@ -158,6 +159,19 @@ def test_convert_command_json_and_one_line_errors(tmp_path):
     (tmp_path / "model_100.index").write_bytes(b"")
     assert "TensorFlow checkpoint" in error(tmp_path / "model_100", tmp_path / "o.pt", code=2)
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_convert_writes_its_record_with_result_and_the_old_out_spelling(tmp_path):
+    """OUT is convert's main product; the JSON record is --result (its old spelling --out still works)."""
+    src = tmp_path / "sada.pt"
+    save_follow_up(src, follow_up_state_dict(f_linear=False), buffer=False)
+    new = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "a.pt"), "--result", str(tmp_path / "a.json")])
+    old = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "b.pt"), "--out", str(tmp_path / "b.json")])
+    assert new.exit_code == 0 and old.exit_code == 0, new.output + old.output
+    assert "deprecated" not in new.stderr and "convert's --out is deprecated, use --result" in old.stderr
+    for name in ("a", "b"):
+        record = json.loads((tmp_path / f"{name}.json").read_text())["records"][0]
+        assert record["layout"] == "jem++/sada-jem" and record["output"] == str(tmp_path / f"{name}.pt")
 
 
 def test_unsupported_follow_up_variants_fail_clearly(tmp_path):

@@ -140,7 +140,7 @@ def test_histogram_png_written(ood_run):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
-def test_plugin_score_and_metric_work_everywhere(clf):
+def test_plugin_score_and_metric_work_everywhere(clf, tmp_path):
     class Plugin:
         @jemeval.hookimpl
         def register_scores(self, register):
@@ -161,10 +161,17 @@ def test_plugin_score_and_metric_work_everywhere(clf):
             register("test-median-gap", test_median_gap)
 
     with testing.registered_plugin(Plugin(), name="test-ood-plugin"):
-        result = evaluate_ood(clf, ["uniform"], scores=["test-negentropy", "logpx"], n=64, progress=False)
-    assert [r["score"] for r in result.records] == ["test-negentropy", "logpx"]
-    assert all("test-median-gap" in r for r in result.records)
-    assert 0 <= result.records[0]["auroc"] <= 1
+        default = evaluate_ood(clf, ["uniform"], scores=["test-negentropy", "logpx"], n=64, progress=False)
+        named = evaluate_ood(clf, ["uniform"], scores=["logpx"], n=64, progress=False,
+                             metrics=["auroc", "test-median-gap"], save_scores=tmp_path / "s.npz")
+    assert [r["score"] for r in default.records] == ["test-negentropy", "logpx"]
+    assert 0 <= default.records[0]["auroc"] <= 1
+    # an installed plugin's metric does not change the default output; it is reported when named
+    assert list(default.records[0]) == ["score", "id", "ood", "auroc", "aupr_in", "aupr_out", "fpr95", "n_id", "n_ood"]
+    assert list(named.records[0]) == ["score", "id", "ood", "auroc", "test-median-gap", "n_id", "n_ood"]
+    saved = np.load(tmp_path / "s.npz")
+    expected = np.median(saved["id/logpx"]) - np.median(saved["ood/uniform/logpx"])
+    assert named.records[0]["test-median-gap"] == pytest.approx(expected)
 
 
 def test_cli_outputs(digits_classifier_ckpt, tmp_path):

@@ -170,3 +170,27 @@ def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_
     assert grid.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(UsageError, match="--target 10 is not a class of this model: use 0..9"):
         distal(digits_classifier_ckpt, 10)
+
+
+def test_progress_moves_inside_a_long_attack_call(digits_classifier_ckpt, capsys, monkeypatch):
+    """robust's bar names the run and shows the attacked model's forward passes while one attack
+    call runs (a batch of PGD through refinement takes minutes); results are unchanged by it."""
+    from jemeval.evaluation import robustness
+
+    monkeypatch.setattr(robustness, "PROGRESS_REFRESH_S", 0.0)
+    kwargs = {"norm": "linf", "refine_steps": [0, 1], "epsilons": [0.0, 0.1], "n": 8, "steps": 3, "chains": 2,
+              "batch_size": 4, "device": "cpu", "seed": 3}
+    shown = robust(digits_classifier_ckpt, progress=True, **kwargs)
+    err = capsys.readouterr().err
+    assert "robust: clean K=1" in err and "robust: pgd K=1 full" in err
+    passes = [int(w) for w in err.replace("\r", " ").split("model passes")[-2].split()[-1:]]
+    assert passes and passes[0] >= 3  # at least one pass per PGD step, counted within the batch
+    hidden = robust(digits_classifier_ckpt, progress=False, **kwargs)
+    assert capsys.readouterr().err == ""
+    assert [r["robust_accuracy"] for r in shown.records] == [r["robust_accuracy"] for r in hidden.records]
+
+
+def test_distal_progress_counts_its_steps(digits_classifier_ckpt, capsys):
+    distal(digits_classifier_ckpt, 1, n=2, steps=5, device="cpu", progress=True)
+    err = capsys.readouterr().err
+    assert "distal" in err and "5/5" in err

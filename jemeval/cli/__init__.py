@@ -89,6 +89,11 @@ def cli():
       jemeval calibrate --model runs/digits/best.pt --plot reliability.png
       jemeval robust --model runs/digits/best.pt --norm l2 --refine-steps 0,2
       jemeval plugins                           # what is installed
+
+    Files: --out names a command's main product (the JSON result of an evaluation, the PNG grid of
+    sample, the run folder of train); extra files have their own options (--csv, --plot, --grid,
+    --save, --save-scores, --result). No command writes over a file it reads; a missing output
+    folder is refused, never created.
     """
 
 

@@ -7,14 +7,16 @@ accuracy, plus the per-bin reliability table (bin conventions in
 the first bin, 1.0 in the last; empty bins have no confidence/accuracy, they are not "perfectly
 calibrated").
 
-With ``temperature_scaling`` a single temperature T is fitted (LBFGS on the NLL of log T, so T
-stays positive) on a seeded validation subset of the *train* split and the calibrated numbers are
-reported beside the raw ones: logits / T leave the predictions, hence the accuracy, unchanged.
+With ``temperature_scaling`` a single temperature T is fitted (a bounded scalar search, Brent's
+method over log T within ``TEMPERATURE_BOUNDS``, minimising the NLL) on a held-out or seeded
+validation subset of the *train* split and the calibrated numbers are reported beside the raw
+ones: logits / T leave the predictions, hence the accuracy, unchanged.
 A checkpoint written by ``jemeval train`` records its held-out validation split, which is then
 used; otherwise a random train subset is used and the result carries a note saying so.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from .batching import (
     run_batches,
     training_dataset,
 )
-from .metric_functions import DEFAULT_BINS, registered_metrics, reliability_bins
+from .metric_functions import DEFAULT_BINS, reliability_bins, select_metrics
 
 SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")
 DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20% of the train split)
@@ -60,9 +62,10 @@ def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int) -> list[dict[st
     return rows
 
 
-def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAULT_BINS) -> dict[str, Any]:
-    """Every registered calibration metric (built-ins: ece, mce, rms, brier, nll) plus accuracy,
-    n and the per-bin table. Metrics that accept ``bins`` get it."""
+def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAULT_BINS,
+                       metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """The built-in calibration metrics (ece, mce, rms, brier, nll), or the ``metrics`` named
+    (plugin ones too), plus accuracy, n and the per-bin table. Metrics that accept ``bins`` get it."""
     labels = np.asarray(labels).reshape(-1)
     if len(labels) == 0:
         raise UsageError("no examples to calibrate on")
@@ -71,7 +74,7 @@ def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAUL
     if labels.max() >= probs.shape[1]:
         raise UsageError(f"the dataset has label {int(labels.max())} but the model has only {probs.shape[1]} classes")
     record: dict[str, Any] = {}
-    for name, fn in registered_metrics("calibration"):
+    for name, fn in select_metrics("calibration", metrics):
         record[name] = float(call_with_supported(fn, probs, labels, context={"bins": int(bins)}))
     record["accuracy"] = float(np.mean(probs.argmax(axis=1) == labels))
     record["n"] = len(labels)
@@ -165,25 +168,29 @@ def calibrate(
     download: bool = False,
     plot: str | Path | None = None,
     progress: bool | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> Result:
     """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
-    one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll, accuracy, n, bins."""
+    one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
+    named, plugin metrics too), accuracy, n, bins."""
     from ..provenance import provenance
     if int(bins) < 1:
         raise UsageError(f"--bins must be >= 1, got {bins}")
+    select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
     model = prepare_model(model, device)
     data = data or training_dataset(model, option="--data")
     ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, ds, data)
     out = run_batches(model, ds, sigma=sigma, seed=seed, batch_size=batch_size, progress=progress,
                       desc=f"calibrate {data}")
-    raw = {"calibration": "none", "temperature": 1.0, **calibration_record(softmax64(out.logits), out.labels, bins)}
+    raw = {"calibration": "none", "temperature": 1.0, **calibration_record(softmax64(out.logits), out.labels, bins, metrics)}
     records = [raw]
     notes: list[str] = []
     settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(sigma),
                                 "seed": int(seed), "noise_seed": out.settings["noise_seed"], "batch_size": int(batch_size),
                                 "temperature_scaling": bool(temperature_scaling),
+                                "metrics": [name for name, _ in select_metrics("calibration", metrics)],
                                 "dataset_info": getattr(ds, "info", None)}
     if temperature_scaling:
         val_ds, val_info, held_out = validation_subset(model, data=data, val_size=val_size, seed=seed,
@@ -193,7 +200,7 @@ def calibrate(
         if (val.labels < 0).any():
             raise UsageError(f"temperature scaling needs labels, and {data!r} train has unlabelled examples")
         temperature = fit_temperature(val.logits, val.labels)
-        scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins)
+        scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics)
         records.append({"calibration": "temperature", "temperature": temperature, **scaled})
         settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"],
                                   "optimizer": "bounded Brent search on log T", "bounds": list(TEMPERATURE_BOUNDS)}

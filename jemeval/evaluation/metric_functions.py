@@ -24,6 +24,8 @@ Metrics that accept a ``bins`` keyword get the command's ``--bins`` (plugin metr
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..interfaces import calibration_metric, ood_metric
@@ -173,8 +175,7 @@ BUILTIN_METRICS = {
 def registered_metrics(task: str) -> list[tuple[str, object]]:
     """(name, metric) for every registered metric of ``task`` ("ood" or "calibration").
 
-    Built-ins come first in their documented order, plugin metrics after them by name, so a
-    plugin's metric shows up as an extra column with no further work.
+    Built-ins come first in their documented order, plugin metrics after them by name.
     """
     from ..interfaces import metric_task
     from ..plugins import get_registry
@@ -183,3 +184,23 @@ def registered_metrics(task: str) -> list[tuple[str, object]]:
     found = [(c.name, c.obj) for c in registry.components("metric") if metric_task(c.obj) == task]
     order = {name: i for i, name in enumerate(BUILTIN_METRICS)}
     return sorted(found, key=lambda item: (order.get(item[0], len(order)), item[0]))
+
+
+TASK_NAMES = {"ood": "OOD", "calibration": "calibration"}
+
+
+def select_metrics(task: str, names: Sequence[str] | None = None) -> list[tuple[str, object]]:
+    """(name, metric) for the ``task`` metrics named, checked (with a "did you mean"); by default
+    only the built-in ones. Plugin metrics are opt-in (named with ``--metric``): installing a
+    plugin must not change what a command reports by default."""
+    available = registered_metrics(task)
+    if names is None:
+        return [(name, fn) for name, fn in available if name in BUILTIN_METRICS]
+    by_name = dict(available)
+    for name in names:
+        if name not in by_name:
+            from ..errors import UsageError, did_you_mean
+
+            raise UsageError(f"unknown {TASK_NAMES[task]} metric {name!r}{did_you_mean(name, by_name)}; "
+                             f"known: {', '.join(by_name)}")
+    return [(name, by_name[name]) for name in dict.fromkeys(names)]

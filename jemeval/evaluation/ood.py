@@ -2,7 +2,8 @@
 
 ``evaluate_ood(model, ["uniform", "interp"], scores=["logpx", "maxprob", "gradnorm"])`` runs the
 shared batch loop once per dataset (logits computed once, every score derived from the same
-batch), then reports one record per (score, OOD set) with every registered OOD metric:
+batch), then reports one record per (score, OOD set) with the built-in OOD metrics (plugin
+metrics when named with ``metrics``):
 
 * AUROC and AUPR-In with in-distribution as the positive class;
 * AUPR-Out with OOD as the positive class and negated scores;
@@ -34,7 +35,7 @@ from .batching import (
     run_batches,
     training_dataset,
 )
-from .metric_functions import registered_metrics
+from .metric_functions import select_metrics
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
 METRIC_NOTE = (
@@ -180,17 +181,8 @@ def bootstrap_interval(metric, id_scores: np.ndarray, ood_scores: np.ndarray, *,
 
 
 def resolve_metrics(metrics: Sequence[str] | None = None) -> list[tuple[str, Any]]:
-    """(name, metric) for the OOD metrics named (default: every registered one), checked early."""
-    available = registered_metrics("ood")
-    if metrics is None:
-        return available
-    by_name = dict(available)
-    for m in metrics:
-        if m not in by_name:
-            from ..errors import did_you_mean
-
-            raise UsageError(f"unknown OOD metric {m!r}{did_you_mean(m, by_name)}; known: {', '.join(by_name)}")
-    return [(m, by_name[m]) for m in metrics]
+    """(name, metric) for the OOD metrics named (default: the built-in ones), checked early."""
+    return select_metrics("ood", metrics)
 
 
 def ood_records(
@@ -202,7 +194,7 @@ def ood_records(
     seed: int = 0,
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per (score, OOD set) with every registered OOD metric (or the ``metrics`` named)."""
+    """One record per (score, OOD set) with the built-in OOD metrics (or the ``metrics`` named, plugin ones too)."""
     available = resolve_metrics(metrics)
     if bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {bootstrap}")
@@ -265,7 +257,7 @@ def evaluate_ood(
 
     The in-distribution set defaults to the model's training dataset (test split). Returns a
     :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood, auroc,
-    aupr_in, aupr_out, fpr95 (plus plugin metrics), n_id, n_ood, and ``<metric>_lo``/``_hi`` with
+    aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics too), n_id, n_ood, and ``<metric>_lo``/``_hi`` with
     ``bootstrap`` > 0 resamples. ``save_scores`` writes the per-example scores (.npz), ``plot`` the
     score histograms (.png).
     """

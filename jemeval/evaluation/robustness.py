@@ -48,6 +48,8 @@ DEFAULT_EPSILONS = {
 LARGE_EPSILON_MAX_ACCURACY = 0.1
 #: a gradient-free attack beating the white-box one by more than this is flagged
 OBFUSCATION_TOLERANCE = 0.02
+#: seconds between progress-bar refreshes inside one attack call (see :class:`Heartbeat`)
+PROGRESS_REFRESH_S = 1.0
 RECORD_COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "clean_accuracy",
                   "n", "median_min_perturbation", "seconds"]
 
@@ -132,6 +134,34 @@ def seeded(seed: int, device: torch.device):
             yield
     finally:
         np.random.set_state(np_state)
+
+
+class Heartbeat:
+    """A forward hook that keeps a progress bar moving during one long attack call.
+
+    An attack call on a batch runs for minutes (steps x restarts x refinement chains); the bar
+    only advances when it returns. The hook counts the attacked model's forward passes and shows
+    the count as the bar's postfix, refreshed at most every ``interval`` seconds.
+    """
+
+    def __init__(self, bar, interval: float | None = None) -> None:
+        self.bar, self.interval = bar, PROGRESS_REFRESH_S if interval is None else interval
+        self.passes, self.shown = 0, time.monotonic()
+
+    def __call__(self, module, inputs, output) -> None:
+        self.passes += 1
+        now = time.monotonic()
+        if now - self.shown >= self.interval:
+            self.shown = now
+            self.bar.set_postfix_str(f"{self.passes} model passes", refresh=True)
+
+    @contextlib.contextmanager
+    def watching(self, module: torch.nn.Module):
+        handle = module.register_forward_hook(self)
+        try:
+            yield self
+        finally:
+            handle.remove()
 
 
 def predict_batches(predictor: torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -262,15 +292,23 @@ def robust(
     def fresh_generator(offset: int) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(seed + offset)
 
+    # one step per clean-prediction batch and per attacked batch; a heartbeat moves it in between
+    bar = tqdm(total=(len(ks) + len(runs)) * len(batches), desc="robust", unit="batch", file=sys.stderr,
+               disable=(None if progress is None else not progress))
     clean: dict[int, torch.Tensor] = {}
     for k in ks:  # clean predictions once per K, with their own fresh chains
-        clean[k] = predict_batches(refined(k, "full", fresh_generator(1000 + k)), x, batch_size) == y
+        bar.set_description(f"robust: clean K={k}")
+        predictor = refined(k, "full", fresh_generator(1000 + k))
+        parts = []
+        for lo, hi in batches:  # the same chunks predict_batches(predictor, x, batch_size) would use
+            parts.append(predict_batches(predictor, x[lo:hi], batch_size))
+            bar.update(1)
+        clean[k] = torch.cat(parts) == y
 
     records, min_perturbations, checks, notes = [], [], [], []
-    bar = tqdm(total=len(runs) * len(batches), desc="robust", unit="batch", file=sys.stderr,
-               disable=(None if progress is None else not progress))
     for run_index, (name, attack, k, mode) in enumerate(runs):
         start = time.perf_counter()
+        bar.set_description(f"robust: {name} K={k} {mode}")
         attacked = refined(k, mode).eval()
         checker = refined(k, "full", fresh_generator(2000 + 97 * run_index))
         correct_adv = torch.zeros(len(eps), len(x), dtype=torch.bool, device=device)
@@ -278,7 +316,7 @@ def robust(
         without_start = 0
         for b, (lo, hi) in enumerate(batches):
             xb, yb = x[lo:hi], y[lo:hi]
-            with seeded(seed + 7919 * b, device), frozen(model):
+            with seeded(seed + 7919 * b, device), frozen(model), Heartbeat(bar).watching(attacked):
                 if getattr(attack, "minimization", False) and hasattr(attack, "minimize"):
                     raw = attack.minimize(attacked, xb, yb).detach()
                     adv = torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps])

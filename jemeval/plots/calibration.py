@@ -47,8 +47,8 @@ def plot_reliability(records: Sequence[dict[str, Any]], path: str | Path, *, tit
         t = record.get("temperature")
         heading = "raw" if name == "none" else f"{name} scaling (T = {t:.3f})" if t is not None else name
         # the numbers go in the title, where they can never hide a bar
-        ax.set_title(f"{heading}\nECE = {100 * record['ece']:.2f}%   MCE = {100 * record['mce']:.2f}%   "
-                     f"accuracy = {100 * record['accuracy']:.1f}%", fontsize=9)
+        numbers = [f"{key.upper()} = {100 * record[key]:.2f}%" for key in ("ece", "mce") if key in record]
+        ax.set_title(f"{heading}\n" + "   ".join([*numbers, f"accuracy = {100 * record['accuracy']:.1f}%"]), fontsize=9)
         centres = [(b["lower"] + b["upper"]) / 2 for b in bins]
         ax_n.bar(centres, [b["count"] for b in bins], width=width, color="0.5", edgecolor="white", linewidth=0.6)
         if any(b["count"] for b in bins):

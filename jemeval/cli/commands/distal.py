@@ -4,11 +4,12 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path,
+    Command,
     device_option,
     emit,
     model_option,
     output_options,
+    output_path_option,
     parse_ints,
     resolve_device,
     seed_option,
@@ -18,7 +19,7 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
            "min_confidence", "max_confidence", "predicted_as_target"]
 
 
-@click.command("distal")
+@click.command("distal", cls=Command)
 @model_option
 @click.option("--target", "targets", required=True, help="Target class index (or a comma-separated list).")
 @click.option("--n", "n", type=int, default=16, show_default=True, help="Noise images per target.")
@@ -30,7 +31,7 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains averaged.")
 @click.option("--sigma", type=float, default=0.0, show_default=True,
               help="Noise added to each chain before refinement (the JEM release used 0.03).")
-@click.option("--grid", type=click.Path(dir_okay=False), default="distal.png", show_default=True,
+@output_path_option("--grid", suffix=".png", metavar="FILE.png", default="distal.png", show_default=True,
               help="PNG grid of the images, one row per target, captioned with p(target | x).")
 @seed_option(0)
 @device_option
@@ -48,7 +49,6 @@ def cli(model_path, targets, n, steps, lr, refine_steps, grad_mode, chains, sigm
     """
     from ...evaluation.distal import distal
 
-    check_output_path(grid, ".png", "--grid")
     result = distal(model_path, parse_ints(targets, "--target"), n=n, steps=steps, lr=lr, refine_steps=refine_steps,
                     grad_mode=grad_mode, chains=chains, sigma=sigma, seed=seed, device=resolve_device(device), grid=grid)
     click.echo(f"wrote {grid}", err=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import click
 
 from ..options import (
+    Command,
     batch_size_option,
     data_options,
+    dataset_option,
     device_option,
     emit,
     model_option,
@@ -17,9 +19,9 @@ from ..options import (
 )
 
 
-@click.command("eval")
+@click.command("eval", cls=Command)
 @model_option
-@click.option("--data", default=None, help="Labelled dataset to evaluate on. Default: the model's training dataset.")
+@dataset_option("--data", default=None, help="Labelled dataset to evaluate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
 @sigma_option

@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import click
 
-from ..options import device_option, emit, output_options, resolve_device, seed_option
+from ..options import (
+    Command,
+    dataset_option,
+    device_option,
+    emit,
+    input_path_option,
+    output_options,
+    resolve_device,
+    seed_option,
+)
 from .sample import sample_from_options, sampling_options
 
 
-@click.command("fidelity")
-@click.option("--model", "model_path", type=click.Path(), default=None,
+@click.command("fidelity", cls=Command)
+@input_path_option("--model", "model_path", what="the input checkpoint", default=None,
               help="Generate the samples from this checkpoint (see the sampling options).")
-@click.option("--samples", "samples_path", type=click.Path(dir_okay=False), default=None,
+@input_path_option("--samples", "samples_path", what="the samples file", type=click.Path(dir_okay=False), default=None,
               help="Score samples saved by `jemeval sample --save FILE.npz` instead of generating.")
-@click.option("--ref", "reference", default=None, help="Reference dataset [default: the model's dataset].")
+@dataset_option("--ref", "reference", default=None, help="Reference dataset [default: the model's dataset].")
 @click.option("--ref-split", default="train", show_default=True, help="Split of the reference dataset.")
 @click.option("--ref-n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N reference images.")
-@click.option("--features", "features", multiple=True, type=click.Path(),
+@input_path_option("--features", "features", what="a feature checkpoint", multiple=True,
               help="A jemeval checkpoint whose penultimate features measure a Frechet distance 'fd' (offline, "
                    "any image size); repeat for several.")
-@click.option("--inception-weights", type=click.Path(), envvar="JEMEVAL_INCEPTION_WEIGHTS", default=None,
+@input_path_option("--inception-weights", what="the Inception weights file", envvar="JEMEVAL_INCEPTION_WEIGHTS", default=None,
               help="torch-fidelity's InceptionV3 weights file (weights-inception-2015-12-05-6726825d.pth) for "
                    "IS/FID/KID; never downloaded [env: JEMEVAL_INCEPTION_WEIGHTS].")
 @click.option("--metrics", default=None,

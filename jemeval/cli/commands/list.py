@@ -7,6 +7,7 @@ import click
 
 from ...interfaces import metric_task
 from ...registry import KINDS
+from ..options import Command
 
 
 def list_components(kind: str | None = None, pattern: str | None = None) -> dict[str, list[dict]]:
@@ -25,7 +26,7 @@ def list_components(kind: str | None = None, pattern: str | None = None) -> dict
 PLURALS = {f"{k}s": k for k in KINDS} | {k: k for k in KINDS}
 
 
-@click.command("list")
+@click.command("list", cls=Command)
 @click.argument("kind", required=False, type=click.Choice(sorted(PLURALS)), metavar="[models|datasets|scores|metrics|attacks]")
 @click.argument("pattern", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

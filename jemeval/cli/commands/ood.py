@@ -4,34 +4,37 @@ from __future__ import annotations
 import click
 
 from ..options import (
+    Command,
     batch_size_option,
-    check_output_path,
     data_options,
+    dataset_option,
     device_option,
     emit,
     model_option,
     output_options,
+    output_path_option,
     resolve_device,
     seed_option,
     sigma_option,
     split_list,
 )
 
-COLUMNS = None  # every record key, plugin metrics and CI columns included
+COLUMNS = None  # every record key: the chosen metrics and any CI columns
 
 
-@click.command("ood")
+@click.command("ood", cls=Command)
 @model_option
-@click.option("--ood", "ood", required=True,
+@dataset_option("--ood", "ood", required=True,
               help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "
                    "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...")
-@click.option("--id", "id_name", default=None,
+@dataset_option("--id", "id_name", default=None,
               help="In-distribution dataset. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of the ID and OOD datasets.")
 @click.option("--score", "score", default="logpx,maxprob,gradnorm", show_default=True,
               help="Comma-separated scores, with options as 'energy:T=2'. See 'jemeval list scores'.")
 @click.option("--metric", "metric", default=None,
-              help="Comma-separated OOD metrics to report. Default: every registered OOD metric.")
+              help="Comma-separated OOD metrics to report, plugin metrics included (see 'jemeval list metrics'). "
+                   "Default: the built-ins auroc,aupr_in,aupr_out,fpr95.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
               help="Examples per set (a seeded random subset). Synthetic sets default to the ID set's size.")
 @sigma_option
@@ -39,9 +42,9 @@ COLUMNS = None  # every record key, plugin metrics and CI columns included
               help="Bootstrap resamples for confidence intervals (adds <metric>_lo/_hi columns); 0 = none.")
 @click.option("--level", type=float, default=0.95, show_default=True, help="Confidence level of the bootstrap intervals.")
 @batch_size_option()
-@click.option("--save-scores", type=click.Path(dir_okay=False), default=None,
+@output_path_option("--save-scores", suffix=".npz", metavar="FILE.npz",
               help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@output_path_option("--plot", suffix=".png", metavar="FILE.png",
               help="Write score histograms (in- vs out-of-distribution, one panel per score) to FILE.png.")
 @seed_option(0)
 @device_option
@@ -62,8 +65,6 @@ def cli(model_path, ood, id_name, split, score, metric, n, sigma, bootstrap, lev
     """
     from ...evaluation.ood import evaluate_ood
 
-    check_output_path(save_scores, ".npz", "--save-scores")
-    check_output_path(plot, ".png", "--plot")
     result = evaluate_ood(
         model_path, split_list(ood, "--ood"), id=id_name, split=split, scores=split_list(score, "--score"),
         metrics=split_list(metric, "--metric") if metric else None, n=n, sigma=sigma, seed=seed,

@@ -5,6 +5,8 @@ import json
 
 import click
 
+from ..options import Command
+
 
 def plugin_report() -> list[dict]:
     from ...plugins import get_plugin_manager
@@ -12,7 +14,7 @@ def plugin_report() -> list[dict]:
     return [info.as_dict() for info in get_plugin_manager().plugin_infos()]
 
 
-@click.command("plugins")
+@click.command("plugins", cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cli(as_json):
     """List installed plugins (built-ins first) with versions and what they registered."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path,
+    Command,
     data_options,
+    dataset_option,
     device_option,
     emit,
     model_option,
     output_options,
+    output_path_option,
     parse_floats,
     parse_ints,
     resolve_device,
@@ -32,7 +34,7 @@ def split_attack_specs(value: str) -> list[str]:
     return specs
 
 
-@click.command("robust")
+@click.command("robust", cls=Command)
 @model_option
 @click.option("--norm", required=True, help="Threat model: l2 or linf.")
 @click.option("--refine-steps", default="0", show_default=True,
@@ -55,9 +57,9 @@ def split_attack_specs(value: str) -> list[str]:
               help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from 5 steps.")
 @click.option("--sgld-lr", type=float, default=None, help="SGLD step size for refinement (default: the checkpoint's, else 1.0).")
 @click.option("--sgld-std", type=float, default=None, help="SGLD noise std for refinement (default: the checkpoint's, else 0.01).")
-@click.option("--data", default=None, help="Dataset whose test split is attacked. Default: the model's training dataset.")
+@dataset_option("--data", default=None, help="Dataset whose test split is attacked. Default: the model's training dataset.")
 @click.option("--batch-size", type=int, default=100, show_default=True, help="Inputs per attack call.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@output_path_option("--plot", suffix=".png", metavar="FILE.png",
               help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png.")
 @seed_option(0)
 @device_option
@@ -82,7 +84,6 @@ def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, g
     """
     from ...evaluation.robustness import robust
 
-    check_output_path(plot, ".png", "--plot")
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
         attacks=split_attack_specs(attacks),

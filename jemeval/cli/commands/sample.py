@@ -5,10 +5,13 @@ from __future__ import annotations
 import click
 
 from ..options import (
-    check_output_path,
+    Command,
+    dataset_option,
     device_option,
     emit,
     model_option,
+    output_options,
+    output_path_option,
     resolve_device,
     seed_option,
 )
@@ -24,7 +27,7 @@ def sampling_options(fn):
         click.option("--steps", type=int, default=None, help="SGLD steps [default: 100]."),
         click.option("--init", type=click.Choice(["noise", "buffer", "data"]), default="noise", show_default=True,
                      help="Chain starts: fresh U(-1, 1) noise, the checkpoint's replay buffer, or training images."),
-        click.option("--data", default=None, help="Dataset for --init data [default: the model's dataset]."),
+        dataset_option("--data", default=None, help="Dataset for --init data [default: the model's dataset]."),
         click.option("--data-root", type=click.Path(file_okay=False), default=None, help="Folder holding datasets."),
         click.option("--sgld-lr", "step_size", type=float, default=None,
                      help="SGLD step size [default: the checkpoint's training value, else JEM's 1.0]."),
@@ -48,20 +51,18 @@ def sample_from_options(model_path: str, device: str, seed: int, **opts):
     return sample(model_path, device=resolve_device(device), seed=seed, progress=True, **opts)
 
 
-@click.command("sample")
+@click.command("sample", cls=Command)
 @model_option
 @sampling_options
-@click.option("--out", "grid_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG grid, one row per class.")
+@output_path_option("--out", "grid_path", suffix=".png", metavar="FILE.png",
+                    help="Write the PNG grid of the samples, one row per class: this command's main product.")
 @click.option("--per-row", type=int, default=10, show_default=True, help="Images per class row in the grid.")
-@click.option("--save", "npz_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the samples as .npz (x, y, log_p, log_px, predicted, confidence, provenance).")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (records + settings + provenance).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Also write the records as CSV.")
-@click.option("--markdown", "as_markdown", is_flag=True, help="Print a markdown table (with provenance).")
-@click.option("--result", "result_path", type=click.Path(dir_okay=False), help="Also write the full JSON result to this file.")
+@output_path_option("--save", "npz_path", suffix=".npz", metavar="FILE.npz",
+                    help="Also write the samples as .npz (x, y, log_p, log_px, predicted, confidence, provenance).")
+@output_options(result_flag="--result")
 @device_option
 @seed_option(0)
-def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown, result_path, device, seed, **opts):
+def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown, out_path, device, seed, **opts):
     """Draw samples from a JEM by SGLD: per class with --class, from noise, buffer or data.
 
     \b
@@ -69,18 +70,16 @@ def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown
       jemeval sample --model runs/digits/best.pt --class all --n 16 --out grid.png
       jemeval sample --model runs/digits/best.pt --init buffer --top-confident 10 --save samples.npz
     """
-    grid = check_output_path(grid_path, ".png", "--out")
-    npz = check_output_path(npz_path, ".npz", "--save")
     samples = sample_from_options(model_path, device, seed, **opts)
-    if grid is not None:
-        samples.save_grid(grid, per_row=per_row)
-        click.echo(f"wrote {grid}", err=True)
-    if npz is not None:
-        samples.save_npz(npz)
-        click.echo(f"wrote {npz}", err=True)
+    if grid_path is not None:
+        samples.save_grid(grid_path, per_row=per_row)
+        click.echo(f"wrote {grid_path}", err=True)
+    if npz_path is not None:
+        samples.save_npz(npz_path)
+        click.echo(f"wrote {npz_path}", err=True)
     trace = samples.result.extra["log_p_trace"]
     s = samples.settings
     title = (f"{s['mode']} samples ({s['ascends']}), init {s['init']}, {s['sgld']['steps']} SGLD steps; "
              f"mean {s['ascends']} {trace['first']:.3g} -> {trace['last']:.3g}"
              + (f"; kept top {s['top_confident']:g}% confident: {s['n_kept']} of {s['n_generated']}" if s["top_confident"] else ""))
-    emit(samples.result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=result_path, title=title)
+    emit(samples.result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path, title=title)
