@@ -58,6 +58,30 @@ class JemevalGroup(click.Group):
                 raise click.UsageError(f"no command {args[0]!r}{hint}; see 'jemeval --help'", ctx) from None
             raise
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """As click's, except that every error is ONE line on stderr (click prints a usage block).
+
+        ``standalone_mode=False`` keeps click's behaviour for callers that handle errors themselves.
+        """
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            message = exc.format_message()
+            if "--help" not in message and exc.ctx is not None:  # click's own parse errors
+                where = exc.ctx.command_path if exc.ctx is not None else "jemeval"
+                message += f" (see '{where} --help')"
+            click.echo(f"Error: {message}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

@@ -83,11 +83,12 @@ def claim(config: Any) -> RunLock:
     """
     out = Path(config.out_dir)
     _check_location(out, config)
+    created = not out.exists()
     try:
         out.mkdir(parents=config.out is None, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the run folder {str(out)!r}: {exc.strerror or exc}") from None
-    lock = RunLock(out).acquire()
+    lock = RunLock(out, created=created).acquire()
     try:
         _check_existing(out, config)
         if config.overwrite:
@@ -136,8 +137,10 @@ def _note(text: str) -> None:
 class RunLock:
     """An exclusive, pid-stamped lock file in a run folder (see the module docstring)."""
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, *, created: bool = False) -> None:
         self.path = Path(folder) / LOCK_NAME
+        #: the folder was made for this run: a run that ends before writing anything leaves no folder
+        self.created = created
         self._token: str | None = None
         self._handlers: dict[int, Any] = {}
 
@@ -162,6 +165,8 @@ class RunLock:
         self._restore_signals()
         if self._token is not None and (self.holder() or {}).get("token") == self._token:
             self.path.unlink(missing_ok=True)
+            if self.created and not any(self.path.parent.iterdir()):
+                self.path.parent.rmdir()  # a run refused before its first file: nothing left behind
         self._token = None
 
     def holder(self) -> dict | None:
