@@ -82,8 +82,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         msg = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        if "Unsupported global" in str(exc) or "GLOBAL" in str(exc):  # a pickled class or function: refuse
             raise pickle_refusal(str(p), str(exc)) from None
+        if "weights_only" in str(exc):  # torch's unpickler met bytes that are no pickle at all
+            raise CheckpointError(f"{str(p)!r} is not a PyTorch checkpoint (its contents are not a saved "
+                                  "tensor file); pass a .pt file written by torch.save or jemeval") from None
         raise CheckpointError(f"{str(p)!r} is not a readable PyTorch checkpoint ({msg[:200]})") from None
 
 

@@ -307,7 +307,7 @@ def _model():
 
 API_CASES = [
     ("load_model-missing", lambda: jemeval.load_model("missing.pt"), "does not exist"),
-    ("load_model-junk", lambda: jemeval.load_model("junk.pt"), "'junk.pt'"),
+    ("load_model-junk", lambda: jemeval.load_model("junk.pt"), "'junk.pt' is not a PyTorch checkpoint"),
     ("load_dataset-typo", lambda: jemeval.load_dataset("digts"), "did you mean 'digits'"),
     ("load_dataset-missing-npz", lambda: jemeval.load_dataset("npz:missing.npz"), "does not exist"),
     ("get-typo", lambda: jemeval.get("model", "cnx"), "did you mean 'cnn'"),
