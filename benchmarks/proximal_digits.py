@@ -31,10 +31,11 @@ from timing import header, setup
 from train_iteration import jemeval_iteration
 
 from jemeval.data import load_dataset, to_arrays
-from jemeval.fastpath import FastPath
-from jemeval.models import create_model
-from jemeval.sampling import SGLD, ReplayBuffer
-from jemeval.sampling_proximal import ProximalSGLD
+from jemeval.runtime.fastpath import FastPath
+from jemeval.energy.factory import create_model
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.sampling.sgld import SGLD
+from jemeval.sampling.proximal import ProximalSGLD
 
 SAMPLERS = {
     "sgld10": lambda: SGLD(steps=10, step_size=1.0, noise=0.01),

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from timing import add_common_args, fmt_ms, header, interleave, setup
 
-from jemeval.fastpath import FastPath
-from jemeval.models import create_model
-from jemeval.sampling import SGLD
+from jemeval.runtime.fastpath import FastPath
+from jemeval.energy.factory import create_model
+from jemeval.sampling.sgld import SGLD
 
 
 def naive_step(f, x0: torch.Tensor, lr: float = 1.0, std: float = 0.01) -> torch.Tensor:

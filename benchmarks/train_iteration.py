@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from naive_reference import naive_iteration
 from timing import add_common_args, fmt_ms, header, interleave, setup
 
-from jemeval.fastpath import FastPath, joint_logits
-from jemeval.models import create_model
-from jemeval.sampling import SGLD, ReplayBuffer
+from jemeval.runtime.fastpath import FastPath, joint_logits
+from jemeval.energy.factory import create_model
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.sampling.sgld import SGLD
 
 SWITCHES = {"jemeval": {}, "jemeval+cl": {"channels_last": True}, "jemeval+cl+bf16": {"channels_last": True, "bf16": True}}
 

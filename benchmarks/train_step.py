@@ -2,7 +2,7 @@
 
 Prints, for one architecture and batch:
 * the time of one plain forward+backward (cross-entropy, parameter gradients) of the batch;
-* the time of one SGLD step (jemeval.sampling.SGLD: input gradient only, parameters frozen) on a
+* the time of one SGLD step (jemeval.sampling.sgld.SGLD: input gradient only, parameters frozen) on a
   batch of the same size, and its ratio to the plain forward+backward (ideally <= 1: no parameter
   gradients are computed while sampling);
 * one full JEM training iteration (jemeval.training.step.TrainStep: buffer draw, K SGLD steps, one
@@ -59,9 +59,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     from jemeval.cli.options import resolve_device
-    from jemeval.fastpath import FastPath
-    from jemeval.models import create_model
-    from jemeval.sampling import SGLD, ReplayBuffer
+    from jemeval.runtime.fastpath import FastPath
+    from jemeval.energy.factory import create_model
+    from jemeval.sampling.buffer import ReplayBuffer
+    from jemeval.sampling.sgld import SGLD
     from jemeval.training.augment import Augment
     from jemeval.training.objectives import Weights
     from jemeval.training.step import StepOptions, TrainStep

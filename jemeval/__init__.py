@@ -14,24 +14,24 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .hookspecs import hookimpl  # noqa: E402
-from .interfaces import calibration_metric, ood_metric  # noqa: E402
+from jemeval.hookspecs import hookimpl  # noqa: E402
+from jemeval.components import calibration_metric, ood_metric, pixel_to_model_scale  # noqa: E402
 
 __all__ = [
-    "__version__", "hookimpl", "ood_metric", "calibration_metric",
+    "__version__", "hookimpl", "ood_metric", "calibration_metric", "pixel_to_model_scale",
     "EnergyModel", "SGLD", "ReplayBuffer", "load_model", "load_dataset", "create_model",
     "get", "names", "save_checkpoint",
     "train", "evaluate_ood", "calibrate", "evaluate", "robust", "sample", "fidelity",
 ]
 
 _LAZY = {
-    "EnergyModel": ("jemeval.energy", "EnergyModel"),
-    "SGLD": ("jemeval.sampling", "SGLD"),
-    "ReplayBuffer": ("jemeval.sampling", "ReplayBuffer"),
-    "load_model": ("jemeval.checkpoints", "load_model"),
-    "save_checkpoint": ("jemeval.checkpoints", "save_checkpoint"),
+    "EnergyModel": ("jemeval.energy.model", "EnergyModel"),
+    "SGLD": ("jemeval.sampling.sgld", "SGLD"),
+    "ReplayBuffer": ("jemeval.sampling.buffer", "ReplayBuffer"),
+    "load_model": ("jemeval.formats.load", "load_model"),
+    "save_checkpoint": ("jemeval.formats.native", "save_checkpoint"),
     "load_dataset": ("jemeval.data", "load_dataset"),
-    "create_model": ("jemeval.models", "create_model"),
+    "create_model": ("jemeval.energy.factory", "create_model"),
     "get": ("jemeval.plugins", "get"),
     "names": ("jemeval.plugins", "names"),
     # capability entry points, one per command (see each module for details)

@@ -1,5 +1,5 @@
 """``python -m jemeval`` (used by torchrun: ``torchrun ... -m jemeval train ...``)."""
-from .cli import main
+from jemeval.cli import main
 
 if __name__ == "__main__":
     main()

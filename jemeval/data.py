@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .errors import UsageError
-from .plugins import get_registry
-from .registry import call_with_supported, parse_spec
+from jemeval.errors import UsageError
+from jemeval.plugins import get_registry
+from jemeval.registry import call_with_supported, parse_spec
 
 DATA_ROOT_ENV = "JEMEVAL_DATA_ROOT"
 

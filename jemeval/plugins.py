@@ -23,9 +23,9 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .errors import JemevalError, PluginError
-from .registry import HOOKS, KINDS, Registry
+from jemeval import hookspecs
+from jemeval.errors import JemevalError, PluginError
+from jemeval.registry import HOOKS, KINDS, Registry
 
 ENTRY_POINT_GROUP = "jemeval"
 DISABLE_AUTOLOAD_ENV = "JEMEVAL_DISABLE_PLUGIN_AUTOLOAD"
@@ -76,7 +76,7 @@ class PluginManager:
         self._registry: Registry | None = None
         self._warned: set[str] = set()
         self._lock = threading.RLock()
-        from . import __version__
+        from jemeval import __version__
 
         for module_name in DEFAULT_PLUGINS:
             module = importlib.import_module(module_name)

@@ -6,24 +6,16 @@ evaluation setting: enough for someone else to know exactly what a number means.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def device_description(device: str | torch.device | None) -> dict[str, Any]:
-    device = torch.device(device or "cpu")
-    info: dict[str, Any] = {"device": str(device)}
-    if device.type == "cuda" and torch.cuda.is_available():
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        info["device_name"] = torch.cuda.get_device_name(idx)
-        info["cuda_version"] = torch.version.cuda
-    else:
-        info["device_name"] = platform.processor() or platform.machine()
-        info["cpu_threads"] = torch.get_num_threads()
-    return info
+from jemeval.runtime.devices import device_description
 
 
 def provenance(
@@ -36,9 +28,8 @@ def provenance(
     settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A provenance record. ``model`` (an EnergyModel) contributes its checkpoint path and hash."""
-    from . import __version__
-    from .checkpoints import file_sha256
-    from .plugins import get_plugin_manager
+    from jemeval import __version__
+    from jemeval.plugins import get_plugin_manager
 
     record: dict[str, Any] = {
         "jemeval_version": __version__,
@@ -71,3 +62,20 @@ def provenance(
     if settings:
         record["settings"] = settings
     return record
+
+
+_HASH_CACHE: dict[tuple[str, int, float], str] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file (cached by path, size and mtime): the checkpoint hash in provenance."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime)
+    if key not in _HASH_CACHE:
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _HASH_CACHE[key] = h.hexdigest()
+    return _HASH_CACHE[key]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
+from jemeval.errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
 
 KINDS = ("model", "dataset", "score", "metric", "attack")
 HOOKS = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import write_text_atomic
+from jemeval.atomic import write_text_atomic
 
 
 def _plain(obj: Any) -> Any:

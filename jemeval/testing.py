@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .energy import EnergyModel
-from .interfaces import NORMS, metric_task
-from .plugins import get_plugin_manager
+from jemeval.energy.model import EnergyModel
+from jemeval.components import NORMS, metric_task
+from jemeval.plugins import get_plugin_manager
 
 
 @contextlib.contextmanager
@@ -61,7 +61,7 @@ def tiny_model(num_classes: int = 3, input_shape: Sequence[int] = (1, 4, 4), see
 
 def tiny_dataset(n: int = 32, input_shape: Sequence[int] = (1, 4, 4), num_classes: int = 3, seed: int = 0):
     """``n`` random images in [-1, 1] with balanced labels (an :class:`~jemeval.data.ArrayDataset`)."""
-    from .data import ArrayDataset
+    from jemeval.data import ArrayDataset
 
     g = torch.Generator().manual_seed(seed)
     x = torch.rand((n, *input_shape), generator=g) * 2 - 1

@@ -17,7 +17,7 @@ torch.set_num_threads(1)  # CI has 2 cores; one thread per process avoids oversu
 def _train_digits_classifier(path, epochs=15, seed=0):
     """A plain cross-entropy CNN on digits (about 2 s): the classifier baseline fixture."""
     import jemeval
-    from jemeval.checkpoints import save_checkpoint
+    from jemeval.formats.native import save_checkpoint
 
     torch.manual_seed(seed)
     ds = jemeval.load_dataset("digits", "train")

@@ -71,7 +71,7 @@ def test_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch):
     import torch
 
     import jemeval
-    from jemeval.checkpoints import save_checkpoint
+    from jemeval.formats.native import save_checkpoint
     from jemeval.errors import WriteError
 
     model = jemeval.create_model("cnn", 3, (1, 4, 4), width=4)

@@ -130,7 +130,7 @@ def test_boundary_finds_adversarials_not_larger_than_its_start(clf, subset):
 
 
 def test_common_random_numbers_make_a_stochastic_model_repeatable(clf, subset):
-    from jemeval.refinement import RefinedClassifier
+    from jemeval.sampling.refinement import RefinedClassifier
 
     x = subset[0][:5]
     noisy = RefinedClassifier(clf, 1, chains=2, sigma=0.1)

@@ -322,7 +322,7 @@ API_CASES = [
     ("calibrate-metric", lambda: jemeval.calibrate(_model(), metrics=["nope"]), "unknown calibration metric 'nope'"),
     ("evaluate-typo", lambda: jemeval.evaluate(_model(), "digts"), "did you mean 'digits'"),
     ("robust-norm", lambda: jemeval.robust(_model(), norm="l3"), "l3"),
-    ("convert-onto-itself", lambda: __import__("jemeval.interop").interop.convert("m.pt", "m.pt"), "is the input file"),
+    ("convert-onto-itself", lambda: __import__("jemeval.formats.foreign").interop.convert("m.pt", "m.pt"), "is the input file"),
 ]
 
 

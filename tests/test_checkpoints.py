@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import jemeval
-from jemeval.checkpoints import infer_wrn_config, read_checkpoint
+from jemeval.formats.foreign import infer_wrn_config
+from jemeval.formats.native import read_checkpoint
 from jemeval.errors import CheckpointError
 
 
@@ -268,7 +269,7 @@ def test_checkpoint_without_state_dict_is_one_clear_line(tmp_path):
 
 def test_pickle_refusal_says_how_to_get_a_loadable_file(tmp_path):
     """Issue 11 item 14: it used to suggest `jemeval convert`, which refuses the same file."""
-    from jemeval.interop import convert
+    from jemeval.formats.convert import convert
 
     torch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "pickled.pt")
     for call in (lambda: jemeval.load_model(tmp_path / "pickled.pt"),
@@ -282,7 +283,7 @@ def test_pickle_refusal_says_how_to_get_a_loadable_file(tmp_path):
 
 def test_load_model_device_names_are_checked_in_one_place(tmp_path, digits_classifier_ckpt):
     from jemeval.cli.options import resolve_device as cli_device
-    from jemeval.devices import resolve_device
+    from jemeval.runtime.devices import resolve_device
     from jemeval.errors import UsageError
 
     with pytest.raises(UsageError, match=r"unknown device 'gpu' \(did you mean 'cuda'\?\): use cpu, cuda, cuda:N, auto"):

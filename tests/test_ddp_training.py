@@ -23,8 +23,8 @@ import time
 import pytest
 import torch
 
-from jemeval.checkpoints import read_checkpoint
-from jemeval.distributed import DistContext
+from jemeval.formats.native import read_checkpoint
+from jemeval.runtime.distributed import DistContext
 from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
 from jemeval.training.rundir import LOCK_NAME

@@ -14,11 +14,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from jemeval import distributed as D
-from jemeval.energy import EnergyModel
+from jemeval.runtime import distributed as D
+from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError
-from jemeval.fastpath import FastPath, joint_logits
-from jemeval.sampling import SGLD
+from jemeval.runtime.fastpath import FastPath, joint_logits
+from jemeval.sampling.sgld import SGLD
 
 N, GLOBAL_BATCH, STEPS, SEED = 24, 8, 3, 7  # 3 steps = one epoch
 

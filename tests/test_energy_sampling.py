@@ -2,7 +2,8 @@ import pytest
 import torch
 
 import jemeval
-from jemeval.sampling import SGLD, ReplayBuffer, frozen
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.sampling.sgld import SGLD, frozen
 from jemeval.testing import tiny_model
 
 
@@ -135,7 +136,7 @@ def test_train_mode_sampling_leaves_batchnorm_running_stats_untouched():
 
 def test_recorded_sgld_reads_checkpoint_settings_aliases_and_overrides():
     from jemeval.errors import UsageError
-    from jemeval.sampling import recorded_sgld
+    from jemeval.sampling.recorded import recorded_sgld
 
     m = tiny_model()
     sgld, source = recorded_sgld(m, 7)
@@ -159,7 +160,7 @@ def test_recorded_sgld_reads_checkpoint_settings_aliases_and_overrides():
 def test_sampler_fields_must_be_finite(field, value):
     """Issue 11 item 10: `--sgld-lr nan` turned every chain into NaN and printed accuracy 0, exit 0."""
     from jemeval.errors import UsageError
-    from jemeval.sampling_proximal import ProximalSGLD
+    from jemeval.sampling.proximal import ProximalSGLD
 
     for cls in (SGLD, ProximalSGLD):
         with pytest.raises(UsageError, match=rf"^{cls.__name__} {field.split('_')[0]}"):

@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from jemeval.energy import EnergyModel
-from jemeval.fastpath import FastPath, has_batchnorm, joint_logits, to_fp32, unwrap
-from jemeval.models import create_model
-from jemeval.sampling import SGLD, ReplayBuffer, frozen, log_p
+from jemeval.energy.model import EnergyModel
+from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits, to_fp32, unwrap
+from jemeval.energy.factory import create_model
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.sampling.sgld import SGLD, frozen, model_log_p
 from jemeval.testing import tiny_model
 
 
@@ -76,7 +77,7 @@ def test_bf16_sampling_keeps_fp32_chains_and_stays_close_to_fp32():
 def test_bf16_input_gradients_point_the_same_way_on_a_conv_net():
     m = _cnn()
     x = torch.rand(32, 1, 8, 8) * 2 - 1
-    from jemeval.sampling import _input_grad
+    from jemeval.sampling.sgld import _input_grad
 
     with frozen(m):
         v32, g32 = _input_grad(m, x, None, False, None)
@@ -148,4 +149,4 @@ def test_to_fp32_and_log_p_unchanged():
     assert to_fp32(d) is d
     m = tiny_model()
     x = torch.rand(3, 1, 4, 4)
-    assert torch.equal(log_p(m, x), m.log_px(x))
+    assert torch.equal(model_log_p(m, x), m.log_px(x))

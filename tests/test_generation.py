@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 import jemeval
-from jemeval.checkpoints import save_checkpoint
+from jemeval.formats.native import save_checkpoint
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation.generation import (
@@ -140,7 +140,7 @@ def test_data_init_starts_from_dataset_images(digits_classifier_ckpt):
     ({"n": 0}, "--n must be"),
     ({"classes": "11"}, "not a class"),
     ({"classes": "two"}, "'all' or class indices"),
-    ({"steps": -1}, "--steps"),
+    ({"steps": -1}, "steps must be >= 0"),
 ])
 def test_bad_arguments_are_usage_errors(digits_classifier_ckpt, kwargs, message):
     with pytest.raises(UsageError, match=message):

@@ -21,7 +21,7 @@ from jemeval import testing
 from jemeval.cli import cli
 from jemeval.errors import CheckpointError, UsageError
 from jemeval.plugins import get_plugin_manager, reset_plugin_manager
-from jemeval.sampling import log_p
+from jemeval.sampling.sgld import model_log_p
 
 # -- the release's network, from its description ---------------------------------------------
 # Block order and which blocks average-pool, per network of the release's models.py.
@@ -183,7 +183,7 @@ def test_logits_are_negative_class_energies_computed_in_one_pass():
         one_by_one = torch.stack([-model.net.energy(x, torch.full((5,), k)) for k in range(4)], dim=1)
         assert torch.allclose(logits, one_by_one, atol=1e-5)
         assert torch.allclose(model.log_pxy(x, y), logits.gather(1, y[:, None]).squeeze(1), atol=1e-5)
-        assert torch.allclose(log_p(model, x, y), model.log_pxy(x, y))  # conditional SGLD's path
+        assert torch.allclose(model_log_p(model, x, y), model.log_pxy(x, y))  # conditional SGLD's path
         assert torch.allclose(model.probs(x), torch.softmax(one_by_one, dim=1), atol=1e-6)
 
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 import jemeval
 from jemeval.cli import cli
 from jemeval.errors import CheckpointError, UsageError
-from jemeval.interop import convert
-from jemeval.refinement import sgld_from_config
+from jemeval.formats.convert import convert
+from jemeval.sampling.recorded import recorded_sgld
 
 DEPTH, WIDEN, CLASSES = 10, 2, 10  # one block per stage: 16 / 32 / 64 / 128 channels
 
@@ -103,7 +103,7 @@ def test_batchnorm_layouts_give_the_reference_logits(tmp_path, f_linear, yopo, l
     model = jemeval.load_model(path)
     assert model.metadata["source_format"] == layout
     assert model.arch_options == {"depth": DEPTH, "widen": WIDEN, "norm": "batch", "dropout": 0.0}
-    assert sgld_from_config(model, 3).bn_mode == bn_mode  # what sampling and refinement will use
+    assert recorded_sgld(model, 3)[0].bn_mode == bn_mode  # what sampling and refinement will use
     x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1
     with torch.no_grad():
         assert torch.allclose(model(x), reference_logits(sd, x), atol=1e-4, rtol=1e-4)
@@ -126,7 +126,7 @@ def test_convert_writes_a_jemeval_checkpoint_with_source_and_provenance(tmp_path
     record = result.records[0]
     assert record["layout"] == "jem++/sada-jem" and record["bn_mode"] == "train" and record["replay_buffer"] == [12, 3, 32, 32]
     model = jemeval.load_model(dst)
-    assert sgld_from_config(model, 1).bn_mode == "train" and model.metadata["dataset"] == "digits"
+    assert recorded_sgld(model, 1)[0].bn_mode == "train" and model.metadata["dataset"] == "digits"
     x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
     with torch.no_grad():
         assert torch.allclose(model(x), reference_logits(sd, x), atol=1e-4, rtol=1e-4)

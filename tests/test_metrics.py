@@ -7,7 +7,7 @@ from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
 import jemeval
 from jemeval import testing
-from jemeval.evaluation import metric_functions as mf
+from jemeval.evaluation import metrics as mf
 
 
 @pytest.fixture(scope="module")

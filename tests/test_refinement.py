@@ -6,8 +6,9 @@ import torch
 
 import jemeval
 from jemeval.errors import UsageError
-from jemeval.refinement import RefinedClassifier, sgld_from_config
-from jemeval.sampling import SGLD
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.refinement import RefinedClassifier
+from jemeval.sampling.sgld import SGLD
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +127,8 @@ def test_eot_averages_over_independent_draws(tiny_model, batch):
 
 
 def test_sgld_defaults_come_from_the_checkpoint_config(tiny_model):
-    assert sgld_from_config(tiny_model, 3).step_size == 1.0
-    assert sgld_from_config(tiny_model, 3).noise == 0.01
+    assert recorded_sgld(tiny_model, 3)[0].step_size == 1.0
+    assert recorded_sgld(tiny_model, 3)[0].noise == 0.01
     tiny_model.metadata["config"] = {"sgld": {"step_size": 0.5, "noise": 0.002, "steps": 20}}
     try:
         refined = RefinedClassifier(tiny_model, 4)

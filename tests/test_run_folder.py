@@ -17,8 +17,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from jemeval.checkpoints import read_checkpoint
-from jemeval.distributed import available_cpus
+from jemeval.formats.native import read_checkpoint
+from jemeval.runtime.distributed import available_cpus
 from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
 from jemeval.training.rundir import LOCK_NAME, RunLock

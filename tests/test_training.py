@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 import jemeval
-from jemeval.checkpoints import read_checkpoint
+from jemeval.formats.native import read_checkpoint
 from jemeval.errors import TrainingDiverged, UsageError
 from jemeval.training import TrainConfig, resolve_config, resume_config, train
 from jemeval.training.augment import Augment, augment_for, parse_augment
@@ -25,7 +25,7 @@ from jemeval.training.divergence import (
     DivergenceMonitor,
     RecoveryPolicy,
 )
-from jemeval.training.metrics import COLUMNS
+from jemeval.training.metrics_log import COLUMNS
 from jemeval.training.objectives import Logits, Weights, jem_loss
 from jemeval.training.schedule import learning_rate
 from jemeval.training.splits import labelled_subset, split_indices
@@ -108,7 +108,7 @@ def test_augment_matches_per_image_reference():
 
 
 def test_buffer_writes_with_repeated_slots_are_deterministic():
-    from jemeval.sampling import last_writer
+    from jemeval.sampling.buffer import last_writer
 
     idx = torch.tensor([3, 1, 3, 0, 1, 3])
     x = torch.arange(6.0)
@@ -427,7 +427,8 @@ def test_shared_fixtures_jem_beats_baseline_on_log_px_auroc(digits_jem_ckpt, dig
 
 def test_proximal_sampler_trains_and_its_checkpoint_samples_and_refines(tmp_path):
     from jemeval.cli import cli
-    from jemeval.refinement import RefinedClassifier, sgld_from_config
+    from jemeval.sampling.recorded import recorded_sgld
+    from jemeval.sampling.refinement import RefinedClassifier
 
     out = tmp_path / "prox"
     args = ["train", "digits[0-2]", "--arch", "cnn:width=8", "--epochs", "1", "--batch-size", "32", "--sgld-steps", "2",
@@ -444,7 +445,7 @@ def test_proximal_sampler_trains_and_its_checkpoint_samples_and_refines(tmp_path
     assert np.isfinite(rows["loss"]).all() and (rows["sgld_steps"] == 2).all()
     # evaluation keeps plain SGLD with the recorded step size / noise / clamp, and says so
     model = jemeval.load_model(out / "best.pt")
-    sgld = sgld_from_config(model, 3)
+    sgld = recorded_sgld(model, 3)[0]
     assert (sgld.steps, sgld.step_size, sgld.noise, sgld.clamp) == (3, 1.0, 0.01, (-1.0, 1.0))
     refined = RefinedClassifier(model, 2, chains=1, sigma=0.0)
     assert refined(torch.zeros(2, *model.input_shape)).shape == (2, model.num_classes)

@@ -1,12 +1,12 @@
 """Built-in attacks (foolbox behind jemeval's attack interface; see jemeval.evaluation.attacks)."""
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from jemeval.hookspecs import hookimpl
 
 
 @hookimpl
 def register_attacks(register):
-    from ..evaluation import attacks
+    from jemeval.evaluation import attacks
 
     for name, factory in attacks.BUILTIN_ATTACKS.items():
         register(name, factory)

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import ArrayDataset, load_dataset, to_arrays
-from ..errors import DatasetNotFoundError, UsageError
-from ..hookspecs import hookimpl
+from jemeval.data import ArrayDataset, load_dataset, to_arrays
+from jemeval.errors import DatasetNotFoundError, UsageError
+from jemeval.hookspecs import hookimpl
 
 SPLITS = ("train", "test")
 DIGITS_SPLIT = {"test_size": 0.25, "random_state": 0, "stratify": True}

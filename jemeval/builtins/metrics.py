@@ -1,12 +1,12 @@
 """Built-in metrics (OOD: AUROC, AUPR-In, AUPR-Out, FPR95; calibration: see jemeval.evaluation)."""
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from jemeval.hookspecs import hookimpl
 
 
 @hookimpl
 def register_metrics(register):
-    from ..evaluation import metric_functions
+    from jemeval.evaluation import metrics as metric_functions
 
     for name, fn in metric_functions.BUILTIN_METRICS.items():
         register(name, fn)

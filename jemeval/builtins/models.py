@@ -2,8 +2,8 @@
 ``timm:<name>`` (any timm architecture, built without pretrained weights)."""
 from __future__ import annotations
 
-from ..errors import UsageError, did_you_mean
-from ..hookspecs import hookimpl
+from jemeval.errors import UsageError, did_you_mean
+from jemeval.hookspecs import hookimpl
 
 #: timm.create_model options that make timm open a file or fetch weights/configs: jemeval never passes
 #: them on (a checkpoint could otherwise name a pickle for timm to load; see checkpoints.py)
@@ -13,7 +13,7 @@ TIMM_LOADER_OPTIONS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay",
 def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str | None = None,
         dropout: float = 0.0):
     """Pre-activation Wide ResNet with the JEM release's layout (depth, widen, norm none|batch, dropout)."""
-    from ..nets.wrn import WRN
+    from jemeval.builtins.wrn import WRN
 
     if isinstance(norm, str) and norm.lower() in ("none", "null", ""):
         norm = None
@@ -26,7 +26,7 @@ def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str
 
 def cnn(num_classes, input_shape, *, width: int = 32):
     """Small LeakyReLU CNN without BatchNorm, for 8x8 / 28x28 inputs (the digits default)."""
-    from ..nets.small_cnn import SmallCNN
+    from jemeval.builtins.small_cnn import SmallCNN
 
     return SmallCNN(num_classes, input_shape, width=int(width))
 

@@ -14,15 +14,16 @@ import math
 
 import torch
 
-from ..errors import UsageError
-from ..hookspecs import hookimpl
-from ..sampling import frozen, input_grad
+from jemeval.errors import UsageError
+from jemeval.energy.model import log_p
+from jemeval.hookspecs import hookimpl
+from jemeval.sampling.sgld import frozen, input_grad
 
 
 def logpx(model, x):
     """log p~(x): logsumexp of the logits."""
     with torch.no_grad():
-        return model.logits(x).logsumexp(dim=1)
+        return log_p(model.logits(x))
 
 
 def maxprob(model, x):
@@ -64,7 +65,7 @@ def gradnorm(model, x):
 
 # The logits-only scores can share one forward pass: the evaluation loop computes logits once and
 # calls ``from_logits`` instead of the model (see jemeval.evaluation).
-logpx.from_logits = lambda logits: logits.logsumexp(dim=1)
+logpx.from_logits = log_p
 maxprob.from_logits = lambda logits: logits.softmax(dim=1).amax(dim=1)
 maxlogit.from_logits = lambda logits: logits.amax(dim=1)
 energy.from_logits = _energy_from_logits

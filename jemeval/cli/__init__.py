@@ -14,15 +14,15 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import JemevalError, UsageError
+from jemeval import __version__
+from jemeval.errors import JemevalError, UsageError
 
 _COMMANDS_PACKAGE = "jemeval.cli.commands"
 DEBUG_ENV = "JEMEVAL_DEBUG"
 
 
 def _command_modules() -> dict[str, str]:
-    from . import commands
+    from jemeval.cli import commands
 
     return {
         m.name.replace("_", "-").removesuffix("-cmd"): f"{_COMMANDS_PACKAGE}.{m.name}"
@@ -51,7 +51,7 @@ class JemevalGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
-            from ..errors import did_you_mean
+            from jemeval.errors import did_you_mean
 
             if args and "No such command" in str(exc):
                 hint = did_you_mean(args[0], self.list_commands(ctx))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..errors import JemevalError, UsageError
+from jemeval.errors import JemevalError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -161,7 +161,7 @@ def _kind(path: Path) -> str:
 
 def dataset_files(spec: str) -> list[Path]:
     """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE, ...)."""
-    from ..registry import parse_spec
+    from jemeval.registry import parse_spec
 
     try:
         parsed = parse_spec(spec)
@@ -269,15 +269,15 @@ def model_option(fn):
 
 
 def resolve_device(device: str | None) -> torch.device:
-    """``--device``: the core parser (:func:`jemeval.devices.resolve_device`) naming the flag."""
-    from ..devices import resolve_device as parse_device
+    """``--device``: the core parser (:func:`jemeval.runtime.devices.resolve_device`) naming the flag."""
+    from jemeval.runtime.devices import resolve_device as parse_device
 
     return parse_device(device, name="--device")
 
 
 def split_list(value: str | None, what: str) -> list[str]:
     """'a,b , c' -> ['a', 'b', 'c'] (brackets kept together: 'digits[0,1],uniform')."""
-    from ..registry import split_specs
+    from jemeval.registry import split_specs
 
     return split_specs(value, what)
 

@@ -2,7 +2,7 @@
 
 ``evaluate(model, "digits", refine_steps=[0, 1, 10])`` gives one record per number of refinement
 steps K. K = 0 classifies the inputs as they are; K > 0 wraps the model in
-:class:`jemeval.refinement.RefinedClassifier` (each input duplicated into ``chains`` copies, each
+:class:`jemeval.sampling.refinement.RefinedClassifier` (each input duplicated into ``chains`` copies, each
 copy noised by ``chain_sigma`` and moved K SGLD steps up log p~(x), logits averaged over the
 chains). ``sigma`` is the evaluation input noise applied once per input by the shared batch loop
 before anything else (the JEM release used 0.03), so K = 0 with chains is not needed to reproduce
@@ -16,18 +16,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..data import load_dataset, subsample
-from ..errors import UsageError
-from ..results import Result
-from .batching import (
+from jemeval.data import load_dataset, subsample
+from jemeval.errors import UsageError
+from jemeval.results import Result
+from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
     prepare_model,
     run_batches,
     training_dataset,
 )
-from .calibration import softmax64
-from .metric_functions import nll as nll_metric
+from jemeval.evaluation.calibration import softmax64
+from jemeval.evaluation.metrics import nll as nll_metric
 
 
 def evaluate(
@@ -56,7 +56,7 @@ def evaluate(
     JEM's: step size 1.0, noise 0.01); ``step_size``/``noise`` override them. Every setting is
     recorded in the provenance (``settings.refinement``, per K).
     """
-    from ..provenance import provenance
+    from jemeval.provenance import provenance
 
     steps_list = [int(refine_steps)] if isinstance(refine_steps, (int, np.integer)) else [int(k) for k in refine_steps]
     if not steps_list:
@@ -106,8 +106,8 @@ def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size
     """The model itself for K = 0, else a seeded RefinedClassifier, with its settings."""
     if steps == 0:
         return model, {"refine_steps": 0}
-    from ..refinement import RefinedClassifier
-    from ..sampling import recorded_sgld
+    from jemeval.sampling.refinement import RefinedClassifier
+    from jemeval.sampling.recorded import recorded_sgld
 
     sgld, _ = recorded_sgld(model, steps, step_size=step_size, noise=noise)
     device = model.device

@@ -1,4 +1,4 @@
-"""Built-in attacks: foolbox behind jemeval's attack interface (see jemeval.interfaces).
+"""Built-in attacks: foolbox behind jemeval's attack interface (see jemeval.components).
 
 Each factory is called as ``factory(norm, **options)`` and returns an attack callable
 ``attack(model, x, y, epsilons) -> Tensor[E, N, C, H, W]``; epsilons are in [0, 1] *pixel units*
@@ -14,7 +14,7 @@ with its (and eagerpy's) import-time warnings contained, so ``jemeval --help`` n
 
 Boundary and Pointwise are *minimisation* attacks: they look for the smallest adversarial
 perturbation of each input, so besides the per-epsilon adversarials they expose
-``minimize(model, x, y)`` (see jemeval.interfaces) from which jemeval derives each example's
+``minimize(model, x, y)`` (see jemeval.components) from which jemeval derives each example's
 minimal perturbation and the robustness-distortion curve.
 
 Decision-based attacks assume a deterministic classifier; a model with SGLD refinement is
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from ..interfaces import NORMS, pixel_to_model_scale
+from jemeval.errors import UsageError
+from jemeval.components import NORMS, pixel_to_model_scale
 
 BOUNDS = (-1.0, 1.0)
 
@@ -67,7 +67,7 @@ def foolbox_model(model: nn.Module, device: torch.device | str | None = None):
 
 def check_norm(norm: str, allowed: Sequence[str] = NORMS, what: str = "norm") -> str:
     """The norm in lower case, or one line naming it, a suggestion and the allowed ones."""
-    from ..errors import did_you_mean
+    from jemeval.errors import did_you_mean
 
     norm = str(norm).lower()
     if norm not in allowed:

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data import iterate_batches
-from ..devices import resolve_device
-from ..errors import JemevalError, UsageError
-from ..registry import check_options, parse_spec
-from ..sampling import frozen
+from jemeval.data import iterate_batches
+from jemeval.runtime.devices import resolve_device
+from jemeval.errors import JemevalError, UsageError
+from jemeval.registry import check_options, parse_spec
+from jemeval.sampling.sgld import frozen
 
 DEFAULT_BATCH_SIZE = 256
 
@@ -53,7 +53,7 @@ class ScoreFn:
 
 def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
     """Score specs (``logpx``, ``energy:T=2``) -> :class:`ScoreFn`; unknown names fail with a suggestion."""
-    from ..plugins import get_registry
+    from jemeval.plugins import get_registry
 
     registry = get_registry()
     resolved, seen = [], set()
@@ -204,7 +204,7 @@ def prepare_model(model, device: str | torch.device | None = None):
     import os
 
     if isinstance(model, (str, os.PathLike)):
-        from ..checkpoints import load_model
+        from jemeval.formats.load import load_model
 
         return load_model(model, device=device or "cpu")
     if device is not None:
@@ -214,7 +214,7 @@ def prepare_model(model, device: str | torch.device | None = None):
 
 def check_input_shape(model, dataset: Dataset, name: str) -> None:
     """A dataset whose images do not fit the model fails with both shapes named."""
-    from ..data import input_shape_of
+    from jemeval.data import input_shape_of
 
     expected = tuple(getattr(model, "input_shape", ()) or ())
     if not expected or len(dataset) == 0:

@@ -3,7 +3,7 @@
 ``calibrate(model)`` computes the logits of the evaluation set once (the shared batch loop), turns
 them into float64 probabilities and reports ECE, MCE, RMS calibration error, Brier score, NLL and
 accuracy, plus the per-bin reliability table (bin conventions in
-:mod:`jemeval.evaluation.metric_functions`: equal-width bins, interval (lo, hi], confidence 0 in
+:mod:`jemeval.evaluation.metrics`: equal-width bins, interval (lo, hi], confidence 0 in
 the first bin, 1.0 in the last; empty bins have no confidence/accuracy, they are not "perfectly
 calibrated").
 
@@ -23,18 +23,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import ArrayDataset, load_dataset, subsample, to_arrays
-from ..errors import UsageError
-from ..registry import call_with_supported
-from ..results import Result
-from .batching import (
+from jemeval.data import ArrayDataset, load_dataset, subsample, to_arrays
+from jemeval.errors import UsageError
+from jemeval.registry import call_with_supported
+from jemeval.results import Result
+from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
     prepare_model,
     run_batches,
     training_dataset,
 )
-from .metric_functions import DEFAULT_BINS, reliability_bins, select_metrics
+from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
 
 SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")
 DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20% of the train split)
@@ -123,7 +123,7 @@ def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
     if not isinstance(config, dict) or "split_seed" not in config or config.get("dataset") != data:
         return None
     try:
-        from ..training.splits import default_val_size, split_indices
+        from jemeval.training.splits import default_val_size, split_indices
     except ImportError:  # pragma: no cover - the trainer is part of jemeval
         return None
     val_size = config.get("val_size")
@@ -174,7 +174,7 @@ def calibrate(
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
     one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
     named, plugin metrics too), accuracy, n, bins."""
-    from ..provenance import provenance
+    from jemeval.provenance import provenance
     if int(bins) < 1:
         raise UsageError(f"--bins must be >= 1, got {bins}")
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
@@ -220,7 +220,7 @@ def calibrate(
     prov = provenance(command="calibrate", model=model, device=model.device, seed=seed, settings=settings)
     result = Result(records, prov, notes=notes)
     if plot is not None:
-        from ..plots.calibration import plot_reliability
+        from jemeval.plots.calibration import plot_reliability
 
         plot_reliability(records, plot, title=f"{data} ({split}, n={raw['n']})")
     return result

@@ -15,14 +15,16 @@ from collections.abc import Sequence
 
 import torch
 
-from ..devices import resolve_device
-from ..energy import EnergyModel
-from ..errors import UsageError
-from ..provenance import provenance
-from ..refinement import RefinedClassifier, sgld_from_config
-from ..results import Result
-from ..sampling import frozen, uniform_like_shape
-from .batching import prepare_model
+from jemeval.runtime.devices import resolve_device
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import UsageError
+from jemeval.provenance import provenance
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.refinement import RefinedClassifier
+from jemeval.results import Result
+from jemeval.sampling.buffer import uniform_like_shape
+from jemeval.sampling.sgld import frozen
+from jemeval.evaluation.batching import prepare_model
 
 
 def distal(
@@ -66,7 +68,7 @@ def distal(
     if sigma < 0:
         raise UsageError(f"--sigma must be >= 0, got {sigma}")
 
-    sgld = sgld_from_config(model, refine_steps)
+    sgld = recorded_sgld(model, refine_steps)[0]
     attacked = RefinedClassifier(model, refine_steps, chains=chains, sigma=sigma, sgld=sgld, grad_mode=grad_mode)
     checker = RefinedClassifier(model, refine_steps, chains=chains, sigma=sigma, sgld=sgld,
                                 generator=torch.Generator(device=device).manual_seed(seed + 1))
@@ -115,7 +117,7 @@ def distal(
                "mean_confidence_trace": torch.stack(trace).tolist() if trace else []},
     )
     if grid:
-        from ..plots.grids import save_image_grid
+        from jemeval.plots.grids import save_image_grid
 
         save_image_grid(images, grid, nrow=n, row_labels=[f"y={t}" for t in targets],
                         captions=[f"{float(c):.2f}" for c in conf],

@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..energy import EnergyModel
-from ..errors import CheckpointError, UsageError, did_you_mean
-from ..results import Result, _plain
-from ..sampling import SGLD, ReplayBuffer, recorded_sgld, uniform_like_shape
+from jemeval.energy.model import EnergyModel, log_p
+from jemeval.errors import CheckpointError, UsageError, did_you_mean
+from jemeval.results import Result, _plain
+from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.sgld import SGLD
 
 INITS = ("noise", "buffer", "data")
 DEFAULT_STEPS = 100
@@ -73,7 +75,7 @@ class Samples:
     def save_npz(self, path: str | os.PathLike) -> Path:
         """Write x, y (target or -1), log_p, log_px, predicted, confidence and the provenance (a
         JSON string, so the file loads with ``np.load(allow_pickle=False)``), atomically."""
-        from ..atomic import atomic_path
+        from jemeval.atomic import atomic_path
 
         prov = json.dumps(_plain({**self.result.provenance, "settings": self.settings}))
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -88,7 +90,7 @@ class Samples:
     def save_grid(self, path: str | os.PathLike, per_row: int = 10) -> Path:
         """A PNG grid, one row per class: the target class for conditional samples, the predicted
         class for unconditional ones. Each image is captioned "predicted confidence"."""
-        from ..plots.grids import save_image_grid
+        from jemeval.plots.grids import save_image_grid
 
         x, labels, captions = grid_rows(self, per_row)
         per_row = len(captions) // max(len(labels), 1)
@@ -117,20 +119,6 @@ def grid_rows(samples: Samples, per_row: int) -> tuple[torch.Tensor, list[str], 
         captions += [f"{int(p)} {float(q):.2f}" for p, q in zip(samples.predicted[idx], samples.confidence[idx])]
         captions += [""] * pad
     return torch.cat(rows), labels, captions
-
-
-# -- settings ----------------------------------------------------------------------------------
-def sgld_for(model: EnergyModel, *, steps: int | None = None, step_size: float | None = None,
-             noise: float | None = None, clamp: Sequence[float] | None = None,
-             bn_mode: str | None = None) -> tuple[SGLD, str]:
-    """The SGLD sampler: explicit arguments, else the checkpoint's training settings, else JEM's.
-
-    Returns the sampler and a note saying where the defaults came from (recorded in results).
-    """
-    n_steps = DEFAULT_STEPS if steps is None else int(steps)
-    if n_steps < 0:
-        raise UsageError(f"--steps must be >= 0, got {n_steps}")
-    return recorded_sgld(model, n_steps, step_size=step_size, noise=noise, clamp=clamp, bn_mode=bn_mode)
 
 
 def resolve_classes(classes: int | str | Sequence[int] | None, num_classes: int) -> list[int] | None:
@@ -165,7 +153,7 @@ def buffer_from_model(model: EnergyModel, replay_buffer: torch.Tensor | None) ->
     """The replay buffer given, or the one stored in the model's checkpoint; a clear error if none."""
     if replay_buffer is not None:
         return replay_buffer, "given"
-    from ..checkpoints import check_finite, read_checkpoint, replay_buffer_of
+    from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
 
     ckpt = (model.metadata.get("checkpoint") or {}).get("path")
     if ckpt is None:
@@ -196,7 +184,7 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
         layout = "class blocks (index = y * size // K + offset)" if targets is not None else "uniform over the buffer"
         return x0, {"source": "replay buffer", "checkpoint": where, "buffer_size": len(buf), "layout": layout}
     # init == "data": real images of any class (conditional chains then show class conversion)
-    from ..data import load_dataset, to_arrays
+    from jemeval.data import load_dataset, to_arrays
 
     spec = data or model.metadata.get("dataset")
     if not spec:
@@ -248,10 +236,10 @@ def describe(model: EnergyModel, x: torch.Tensor, targets: torch.Tensor | None, 
     """What the model says about the samples: log p~(x), log p~(x, y), prediction, confidence."""
     device = model.device
     logits = torch.cat([model.logits(x[i:i + batch_size].to(device)) for i in range(0, len(x), batch_size)]).cpu()
-    log_px = logits.logsumexp(dim=1)
+    log_px = log_p(logits)
     conf, pred = logits.softmax(dim=1).max(dim=1)
-    log_p = log_px if targets is None else logits.gather(1, targets.view(-1, 1)).squeeze(1)
-    return {"log_px": log_px, "log_p": log_p, "predicted": pred, "confidence": conf}
+    log_p_y = log_px if targets is None else log_p(logits, targets)
+    return {"log_px": log_px, "log_p": log_p_y, "predicted": pred, "confidence": conf}
 
 
 def top_confident_mask(predicted: np.ndarray, confidence: np.ndarray, percent: float) -> np.ndarray:
@@ -327,8 +315,8 @@ def sample(
     of ``data``, default the model's dataset). ``top_confident=P`` keeps the P% most confident
     samples of each predicted class. ``progress=None`` shows a bar only on a terminal.
     """
-    from ..provenance import provenance
-    from .batching import prepare_model
+    from jemeval.provenance import provenance
+    from jemeval.evaluation.batching import prepare_model
 
     model = prepare_model(model, device)
     check_init(init)
@@ -339,7 +327,8 @@ def sample(
     if top_confident is not None and not 0 < top_confident <= 100:
         raise UsageError(f"--top-confident is a percentage in (0, 100], got {top_confident:g}")
     cls = resolve_classes(classes, model.num_classes)
-    sgld, sgld_source = sgld_for(model, steps=steps, step_size=step_size, noise=noise, clamp=clamp, bn_mode=bn_mode)
+    sgld, sgld_source = recorded_sgld(model, DEFAULT_STEPS if steps is None else int(steps), step_size=step_size,
+                                      noise=noise, clamp=clamp, bn_mode=bn_mode)
 
     targets = None if cls is None else torch.tensor(cls).repeat_interleave(n)
     total = n if cls is None else n * len(cls)

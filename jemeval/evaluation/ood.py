@@ -23,11 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..data import load_dataset, subsample
-from ..errors import UsageError
-from ..registry import parse_spec, split_specs
-from ..results import Result
-from .batching import (
+from jemeval.data import load_dataset, subsample
+from jemeval.errors import UsageError
+from jemeval.registry import parse_spec, split_specs
+from jemeval.results import Result
+from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
     prepare_model,
@@ -35,7 +35,7 @@ from .batching import (
     run_batches,
     training_dataset,
 )
-from .metric_functions import select_metrics
+from jemeval.evaluation.metrics import select_metrics
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
 METRIC_NOTE = (
@@ -65,8 +65,8 @@ class OODScores:
         ``ood_names``, ``score_names`` and ``provenance`` (a JSON string). Read back with
         :meth:`load_npz` or plain ``numpy.load``.
         """
-        from ..atomic import atomic_path
-        from ..results import _plain
+        from jemeval.atomic import atomic_path
+        from jemeval.results import _plain
 
         arrays: dict[str, np.ndarray] = {
             "id_name": np.array(self.id_name),
@@ -261,7 +261,7 @@ def evaluate_ood(
     ``bootstrap`` > 0 resamples. ``save_scores`` writes the per-example scores (.npz), ``plot`` the
     score histograms (.png).
     """
-    from ..provenance import provenance
+    from jemeval.provenance import provenance
 
     model = prepare_model(model, device)
     metrics = None if metrics is None else split_specs(metrics, "metrics")
@@ -282,7 +282,7 @@ def evaluate_ood(
     if save_scores is not None:
         ood_scores.save_npz(save_scores, prov)
     if plot is not None:
-        from ..plots.ood import plot_score_histograms
+        from jemeval.plots.ood import plot_score_histograms
 
         plot_score_histograms(ood_scores, plot, records=records)
     return result

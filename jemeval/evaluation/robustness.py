@@ -2,7 +2,7 @@
 
 ``robust(model, norm=..., refine_steps=[0, 1, 10], attacks=["pgd"])`` attacks a fixed, seeded
 random subset of the test set and returns one record per (attack, refinement steps K, gradient
-mode, epsilon). The attacked model is :class:`~jemeval.refinement.RefinedClassifier` (K SGLD steps
+mode, epsilon). The attacked model is :class:`~jemeval.sampling.refinement.RefinedClassifier` (K SGLD steps
 in ``chains`` noisy copies, logits averaged); how the attacker differentiates through it is the
 ``grad_mode`` (full / bpda / eot).
 
@@ -27,16 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..devices import resolve_device
-from ..energy import EnergyModel
-from ..errors import JemevalError, UsageError
-from ..interfaces import NORMS, pixel_to_model_scale
-from ..provenance import provenance
-from ..refinement import GRAD_MODES, RefinedClassifier, sampler_note
-from ..results import Result
-from ..sampling import frozen, recorded_sgld
-from .attacks import check_norm, perturbation_norm, project_to_ball
-from .batching import check_input_shape, prepare_model, training_dataset
+from jemeval.runtime.devices import resolve_device
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import JemevalError, UsageError
+from jemeval.components import NORMS, pixel_to_model_scale
+from jemeval.provenance import provenance
+from jemeval.sampling.refinement import GRAD_MODES, RefinedClassifier, sampler_note
+from jemeval.results import Result
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.sgld import frozen
+from jemeval.evaluation.attacks import check_norm, perturbation_norm, project_to_ball
+from jemeval.evaluation.batching import check_input_shape, prepare_model, training_dataset
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
 #: (almost) always fooled: a sanity check of the attack, not a realistic threat model.
@@ -84,7 +85,7 @@ def check_refine_steps(steps: Iterable[int]) -> list[int]:
 
 
 def check_grad_modes(modes: Iterable[str]) -> list[str]:
-    from ..errors import did_you_mean
+    from jemeval.errors import did_you_mean
 
     out = []
     for m in modes:
@@ -102,8 +103,8 @@ def make_attack(spec: Any, norm: str, *, context: dict[str, Any]):
 
     ``context`` options (steps, restarts, the seed) are offered to factories that name them.
     """
-    from ..plugins import get_registry
-    from ..registry import call_with_supported, check_options, parse_spec
+    from jemeval.plugins import get_registry
+    from jemeval.registry import call_with_supported, check_options, parse_spec
 
     if callable(spec) and not isinstance(spec, str):
         name = getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
@@ -238,7 +239,7 @@ def robust(
     """
     from tqdm.auto import tqdm
 
-    from ..data import input_shape_of, load_dataset, subsample, to_arrays
+    from jemeval.data import input_shape_of, load_dataset, subsample, to_arrays
 
     norm = check_norm(norm, what="--norm")
     ks = check_refine_steps([refine_steps] if isinstance(refine_steps, int) else refine_steps)
@@ -382,7 +383,7 @@ def robust(
         notes=notes,
     )
     if plot:
-        from ..plots.robustness import plot_robustness
+        from jemeval.plots.robustness import plot_robustness
 
         plot_robustness(records, plot, min_perturbations=min_perturbations,
                         title=f"{data}: robust accuracy vs {norm} epsilon (n={len(x)}, chains={chains}, sigma={sigma:g})")

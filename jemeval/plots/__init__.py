@@ -18,7 +18,7 @@ def pyplot():
 
 def save_figure(fig, path) -> None:
     """Save a figure atomically as PNG and close it."""
-    from ..atomic import atomic_path
+    from jemeval.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import pyplot, save_figure
+from jemeval.plots import pyplot, save_figure
 
 
 def plot_reliability(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import pyplot, save_figure
+from jemeval.plots import pyplot, save_figure
 
 
 def to_display(x: torch.Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import pyplot, save_figure
+from jemeval.plots import pyplot, save_figure
 
 
 def _bins(arrays: Sequence[np.ndarray], n_bins: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import pyplot, save_figure
+from jemeval.plots import pyplot, save_figure
 
 LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "none": "-."}
 MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .config import (
+from jemeval.training.config import (
     DATASET_DEFAULTS,
     TrainConfig,
     dataset_defaults,
@@ -37,7 +37,7 @@ def train(config: TrainConfig | str | None = None, *, on_step: Callable | None =
     The summary holds the paths (best.pt, last.pt, metrics.csv), best/final accuracies, the test
     accuracy of best.pt, the number of divergence recoveries, timings, the config and provenance.
     """
-    from .trainer import Trainer
+    from jemeval.training.trainer import Trainer
 
     if config is None or isinstance(config, str):
         dataset = config or overrides.pop("dataset", "digits")
@@ -50,7 +50,7 @@ def train(config: TrainConfig | str | None = None, *, on_step: Callable | None =
 
 def __getattr__(name):
     if name == "Trainer":
-        from .trainer import Trainer
+        from jemeval.training.trainer import Trainer
 
         return Trainer
     raise AttributeError(f"module 'jemeval.training' has no attribute {name!r}")

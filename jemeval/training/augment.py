@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import UsageError
+from jemeval.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, did_you_mean
-from ..registry import parse_spec
-from ..sampling import BN_MODES, SGLD
-from ..sampling_proximal import ProximalSGLD
+from jemeval.errors import UsageError, did_you_mean
+from jemeval.registry import parse_spec
+from jemeval.sampling.sgld import BN_MODES, SGLD
+from jemeval.sampling.proximal import ProximalSGLD
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
@@ -141,7 +141,7 @@ class TrainConfig:
     energy_gap_band: float = 1e3  # |mean E(samples) - mean E(data)| must stay inside this band ...
     gap_patience: int = 20  # ... except for at most this many consecutive iterations
     check_every: int = 10  # iterations between divergence checks / progress updates (one host sync)
-    # speed switches (jemeval.fastpath.FastPath; None = automatic: on for CUDA; channels_last only on CPU)
+    # speed switches (jemeval.runtime.fastpath.FastPath; None = automatic: on for CUDA; channels_last only on CPU)
     bf16: bool | None = None
     channels_last: bool | None = None
     compile: bool | None = None
@@ -249,7 +249,7 @@ class TrainConfig:
             need(self.px_weight > 0, "class-conditional p(x) negatives need --px-weight > 0")
         aug = self.augment if isinstance(self.augment, str) else ""
         if aug not in ("auto", "none"):
-            from .augment import parse_augment
+            from jemeval.training.augment import parse_augment
 
             parse_augment(aug)  # raises UsageError when malformed
         return self
@@ -325,7 +325,7 @@ def resume_path(out: str | os.PathLike) -> Path:
 
 def load_resume_checkpoint(out: str) -> dict[str, Any]:
     """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
-    from ..checkpoints import read_checkpoint
+    from jemeval.formats.native import read_checkpoint
 
     path = resume_path(out)
     ckpt = read_checkpoint(path)

@@ -12,8 +12,8 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: 
     Returns None for an empty set. :func:`jemeval.evaluation.batching.run_batches` computes the
     logits once per batch without gradients and restores the model's mode afterwards.
     """
-    from ..data import ArrayDataset
-    from ..evaluation.batching import run_batches
+    from jemeval.data import ArrayDataset
+    from jemeval.evaluation.batching import run_batches
 
     if len(x) == 0:
         return None

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from jemeval.energy.model import log_p
+
 
 def contrast(lp_data: torch.Tensor, lp_sample: torch.Tensor) -> torch.Tensor:
     """-(mean log p~(data) - mean log p~(samples)): lowers data energy, raises sample energy."""
@@ -69,12 +71,12 @@ def jem_loss(out: Logits, w: Weights) -> dict[str, torch.Tensor]:
     if w.pyx > 0:
         parts["pyx"] = F.cross_entropy(out.lab, out.y_lab)
     if w.px > 0:
-        lp_d, lp_q = out.data.logsumexp(1), out.sample.logsumexp(1)
+        lp_d, lp_q = log_p(out.data), log_p(out.sample)
         parts["px"] = contrast(lp_d, lp_q)
         lp_pairs.append((lp_d, lp_q))
     if w.pxy > 0:
-        lp_d = out.lab.gather(1, out.y_lab[:, None]).squeeze(1)
-        lp_q = out.sample_y.gather(1, out.y_sample[:, None]).squeeze(1)
+        lp_d = log_p(out.lab, out.y_lab)
+        lp_q = log_p(out.sample_y, out.y_sample)
         parts["pxy"] = contrast(lp_d, lp_q)
         lp_pairs.append((lp_d, lp_q))
     if w.l2 > 0 and lp_pairs:
@@ -83,10 +85,10 @@ def jem_loss(out: Logits, w: Weights) -> dict[str, torch.Tensor]:
     # energies for monitoring (E = -logsumexp f); computed without a graph
     with torch.no_grad():
         data_logits = out.data if out.data is not None else out.lab
-        e_data = -data_logits.logsumexp(1)
+        e_data = -log_p(data_logits)
         negatives = [t for t in (out.sample, out.sample_y) if t is not None]
         if negatives:
-            e_sample = -torch.cat(negatives).logsumexp(1)
+            e_sample = -log_p(torch.cat(negatives))
             abs_energy = torch.maximum(e_data.abs().max(), e_sample.abs().max())
             e_sample_mean = e_sample.mean()
         else:

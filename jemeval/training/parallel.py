@@ -5,11 +5,11 @@ The semantics (docs/training.md, "Several processes"):
 * ``--batch-size`` is the GLOBAL batch: each of the W ranks trains on batch_size / W images per
   iteration; DDP averages the gradients, so one optimizer step sees the same global batch as a
   single process (it must divide evenly).
-* The epoch's order depends only on (seed, epoch) (:func:`jemeval.distributed.shard_indices`), the
+* The epoch's order depends only on (seed, epoch) (:func:`jemeval.runtime.distributed.shard_indices`), the
   same permutation on every rank, dealt out: the union of the ranks' b-th batches is exactly the
   single-process run's b-th batch.
 * Each rank keeps its own replay buffer of buffer_size // W chains and its own random stream
-  (:func:`jemeval.distributed.rank_generator`): SGLD noise, buffer draws, augmentation and sigma
+  (:func:`jemeval.runtime.distributed.rank_generator`): SGLD noise, buffer draws, augmentation and sigma
   noise differ between ranks (and from a single process).
 * Metrics are averaged over ranks; rank 0 alone writes files and prints. Checkpoints hold the
   gathered buffer (rank order), every rank's random state and the world size, so a resume with the
@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import distributed as D
-from ..errors import JemevalError, UsageError
+from jemeval.runtime import distributed as D
+from jemeval.errors import JemevalError, UsageError
 
 
 def join(device: torch.device, global_batch: int) -> D.DistContext:
-    """The launch's :class:`~jemeval.distributed.DistContext` (gloo on CPU, nccl on CUDA).
+    """The launch's :class:`~jemeval.runtime.distributed.DistContext` (gloo on CPU, nccl on CUDA).
 
     A single process (no torchrun variables, or WORLD_SIZE=1) joins nothing.
     """

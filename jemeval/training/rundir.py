@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..atomic import stale_temp_files
-from ..errors import UsageError
-from .config import resume_path
+from jemeval.atomic import stale_temp_files
+from jemeval.errors import UsageError
+from jemeval.training.config import resume_path
 
 RUN_FILES = ("last.pt", "best.pt", "metrics.csv")
 LOCK_NAME = ".jemeval-train.lock"
@@ -104,7 +104,7 @@ def _remove_run(out: Path) -> None:
     """``overwrite``: delete the previous run's checkpoints, metrics and sample grids (nothing else)."""
     import re
 
-    from .visuals import GRID_NAMES
+    from jemeval.training.visuals import GRID_NAMES
 
     removed = [out / name for name in RUN_FILES if (out / name).exists()]
     samples = out / "samples"
@@ -120,7 +120,7 @@ def _remove_run(out: Path) -> None:
 
 def _remove_stale_temps(out: Path) -> None:
     """Temporary files of atomic writes that a kill interrupted (only jemeval's own names)."""
-    from .visuals import GRID_NAMES
+    from jemeval.training.visuals import GRID_NAMES
 
     stale = stale_temp_files(out, _RUN_FILE_NAMES) + stale_temp_files(out / "samples", GRID_NAMES)
     for path in stale:

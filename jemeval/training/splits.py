@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import input_shape_of, load_dataset, num_classes_of, to_arrays
-from ..errors import UsageError
+from jemeval.data import input_shape_of, load_dataset, num_classes_of, to_arrays
+from jemeval.errors import UsageError
 
 #: Training sets larger than this stay in host memory and are copied per batch.
 MAX_DEVICE_BYTES = 4 * 1024**3

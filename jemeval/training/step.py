@@ -6,10 +6,10 @@ training runs. Nothing here synchronises with the host: the returned statistics 
 Speed notes
 * Data and negatives go through the network in ONE forward pass (concatenated) when the math
   allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them).
-* SGLD is the shared :class:`jemeval.sampling.SGLD` (or JEM++'s ProximalSGLD): parameters frozen while sampling, so no
+* SGLD is the shared :class:`jemeval.sampling.sgld.SGLD` (or JEM++'s ProximalSGLD): parameters frozen while sampling, so no
   parameter graph is built and no parameter gradient is computed.
 * The replay buffer, the data and every random draw live on the training device.
-* bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.fastpath.FastPath`
+* bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.runtime.fastpath.FastPath`
   (on for CUDA; only channels_last on CPU by default); SGLD arithmetic, the buffer and the losses stay fp32.
 """
 from __future__ import annotations
@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..fastpath import FastPath, has_batchnorm, joint_logits
-from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
-from ..sampling_proximal import ProximalSGLD
-from .augment import Augment
-from .objectives import Logits, Weights, jem_loss
+from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits
+from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
+from jemeval.sampling.sgld import SGLD
+from jemeval.sampling.proximal import ProximalSGLD
+from jemeval.training.augment import Augment
+from jemeval.training.objectives import Logits, Weights, jem_loss
 
 
 @dataclass

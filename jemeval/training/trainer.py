@@ -35,32 +35,27 @@ from typing import Any
 
 import torch
 
-from .. import distributed as D
-from ..checkpoints import read_checkpoint, save_checkpoint
-from ..errors import JemevalError, TrainingDiverged, UsageError
-from ..fastpath import FastPath
-from ..models import create_model
-from ..provenance import provenance
-from ..sampling import ReplayBuffer
-from . import parallel, rundir
-from .augment import augment_for
-from .config import TrainConfig, load_resume_checkpoint, resume_config
-from .divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
-from .evaluate import accuracy
-from .metrics import MetricsLog
-from .objectives import Weights
-from .schedule import learning_rate
-from .splits import prepare_data
-from .state import capture_rng, reseed, restore_rng
-from .step import StepOptions, TrainStep
+from jemeval.runtime import distributed as D
+from jemeval.formats.native import read_checkpoint, save_checkpoint
+from jemeval.errors import JemevalError, TrainingDiverged, UsageError
+from jemeval.runtime.devices import resolve_device
+from jemeval.runtime.fastpath import FastPath
+from jemeval.energy.factory import create_model
+from jemeval.provenance import provenance
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.training import parallel, rundir
+from jemeval.training.augment import augment_for
+from jemeval.training.config import TrainConfig, load_resume_checkpoint, resume_config
+from jemeval.training.divergence import Adjustments, Divergence, DivergenceMonitor, RecoveryPolicy
+from jemeval.training.evaluate import accuracy
+from jemeval.training.metrics_log import MetricsLog
+from jemeval.training.objectives import Weights
+from jemeval.training.schedule import learning_rate
+from jemeval.training.splits import prepare_data
+from jemeval.training.state import capture_rng, reseed, restore_rng
+from jemeval.training.step import StepOptions, TrainStep
 
 STAT_KEYS = ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample", "correct")
-
-
-def _resolve_device(name: str) -> torch.device:
-    from ..cli.options import resolve_device
-
-    return resolve_device(name)
 
 
 class EpochStats:
@@ -122,7 +117,7 @@ class Trainer:
         """Join the process group, claim the run folder (rank 0 creates and locks it; every rank gets
         its one-line refusal, so none waits for a failed rank 0), and for a resume read last.pt,
         under the lock: no other process writes it meanwhile. Returns that checkpoint, or None."""
-        self.device = _resolve_device(self.config.device)
+        self.device = resolve_device(self.config.device, name='--device')
         self.ctx = parallel.join(self.device, self.config.batch_size)
         self._owns_group = self.ctx.distributed
         if self.ctx.distributed:
@@ -485,7 +480,7 @@ class Trainer:
             self.best_val_acc, self.best_epoch = val_acc, self.epoch
             self._save_best(val_acc, m["train_acc"])
         if cfg.samples and cfg.grid_every and self.epoch % cfg.grid_every == 0 and self.ctx.is_main:
-            from .visuals import save_epoch_grids
+            from jemeval.training.visuals import save_epoch_grids
 
             save_epoch_grids(self.out, self.epoch, model=self.model, sgld=self.sgld, buffer=self.buffer,
                              last_samples=self.train_step.last_samples, class_blocks=self.class_blocks,
@@ -599,7 +594,7 @@ class Trainer:
 
     def _test_accuracy(self) -> tuple[float | None, str | None]:
         """Accuracy of best.pt on the test split (eval_sigma noise; logits once, no gradients)."""
-        from ..data import load_dataset, to_arrays
+        from jemeval.data import load_dataset, to_arrays
 
         cfg = self.config
         try:

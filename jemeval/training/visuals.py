@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ..plots.grids import save_image_grid
-from ..sampling import SGLD, ReplayBuffer, uniform_like_shape
+from jemeval.plots.grids import save_image_grid
+from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
+from jemeval.sampling.sgld import SGLD
 
 MAX_CLASS_ROWS = 10
 PER_CLASS = 10

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     batch_size_option,
     data_options,
@@ -64,7 +64,7 @@ def cli(model_path, data, split, bins, metric, n, sigma, temperature_scaling, va
     Example:
       jemeval calibrate --model runs/digits/best.pt --temperature-scaling --plot reliability.png
     """
-    from ...evaluation.calibration import calibrate
+    from jemeval.evaluation.calibration import calibrate
 
     result = calibrate(
         model_path, data, split=split, bins=bins, n=n, sigma=sigma, seed=seed,
@@ -78,7 +78,7 @@ def cli(model_path, data, split, bins, metric, n, sigma, temperature_scaling, va
          **output)
     if output.get("as_json") or hide_bins:
         return
-    from ...results import markdown_table, text_table
+    from jemeval.results import markdown_table, text_table
 
     click.echo("")
     click.echo((markdown_table if output.get("as_markdown") else text_table)(bins_rows(result)))

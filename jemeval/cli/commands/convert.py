@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import Command, PathArgument, emit, output_options, output_path_option
+from jemeval.cli.options import Command, PathArgument, emit, output_options, output_path_option
 
 COLUMNS = ["layout", "arch", "num_classes", "dataset", "bn_mode", "output"]
 
@@ -30,8 +30,8 @@ def cli(path_in, path_out, dataset, legacy_out, **output):
     Example:
       jemeval convert CIFAR10_jempp.pt jempp.pt --dataset cifar10
     """
-    from ...errors import UsageError
-    from ...interop import convert
+    from jemeval.errors import UsageError
+    from jemeval.formats.convert import convert
 
     if legacy_out is not None:
         if output.get("out_path") is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     device_option,
     emit,
@@ -47,7 +47,7 @@ def cli(model_path, targets, n, steps, lr, refine_steps, grad_mode, chains, sigm
     Example:
       jemeval distal --model runs/digits/best.pt --target 3 --refine-steps 2 --grid distal3.png
     """
-    from ...evaluation.distal import distal
+    from jemeval.evaluation.distal import distal
 
     result = distal(model_path, parse_ints(targets, "--target"), n=n, steps=steps, lr=lr, refine_steps=refine_steps,
                     grad_mode=grad_mode, chains=chains, sigma=sigma, seed=seed, device=resolve_device(device), grid=grid)

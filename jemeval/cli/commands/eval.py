@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     batch_size_option,
     data_options,
@@ -47,7 +47,7 @@ def cli(model_path, data, split, n, sigma, refine_steps, chains, chain_sigma, st
     Example:
       jemeval eval --model runs/digits/best.pt --refine-steps 0,1,10
     """
-    from ...evaluation.accuracy import evaluate
+    from jemeval.evaluation.accuracy import evaluate
 
     result = evaluate(
         model_path, data, split=split, n=n, sigma=sigma, seed=seed,

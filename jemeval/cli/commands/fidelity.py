@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     dataset_option,
     device_option,
@@ -15,7 +15,7 @@ from ..options import (
     resolve_device,
     seed_option,
 )
-from .sample import sample_from_options, sampling_options
+from jemeval.cli.commands.sample import sample_from_options, sampling_options
 
 
 @click.command("fidelity", cls=Command)
@@ -49,15 +49,15 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
       jemeval fidelity --model runs/digits/best.pt --features runs/clf/best.pt --top-confident 10
       jemeval fidelity --samples samples.npz --ref cifar10 --inception-weights weights-inception-2015-12-05-6726825d.pth
     """
-    from ...errors import UsageError
-    from ...evaluation.fidelity import fidelity
+    from jemeval.errors import UsageError
+    from jemeval.evaluation.fidelity import fidelity
 
     if (model_path is None) == (samples_path is None):
         raise UsageError("give exactly one of --model CHECKPOINT (generate samples now) or --samples FILE.npz")
     dev = resolve_device(device)
     if model_path is not None:
         # fail on a missing weights file or bad metric list before spending time sampling
-        from ...evaluation.fidelity import (
+        from jemeval.evaluation.fidelity import (
             INCEPTION_METRICS,
             check_inception_weights,
             resolve_metrics,

@@ -5,13 +5,13 @@ import json
 
 import click
 
-from ...interfaces import metric_task
-from ...registry import KINDS
-from ..options import Command
+from jemeval.components import metric_task
+from jemeval.registry import KINDS
+from jemeval.cli.options import Command
 
 
 def list_components(kind: str | None = None, pattern: str | None = None) -> dict[str, list[dict]]:
-    from ...plugins import get_registry
+    from jemeval.plugins import get_registry
 
     registry = get_registry()
     kinds = [kind] if kind else list(KINDS)

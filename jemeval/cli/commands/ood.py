@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     batch_size_option,
     data_options,
@@ -63,7 +63,7 @@ def cli(model_path, ood, id_name, split, score, metric, n, sigma, bootstrap, lev
     Example:
       jemeval ood --model runs/digits/best.pt --ood uniform,constant,interp,gaussian --plot ood.png
     """
-    from ...evaluation.ood import evaluate_ood
+    from jemeval.evaluation.ood import evaluate_ood
 
     result = evaluate_ood(
         model_path, split_list(ood, "--ood"), id=id_name, split=split, scores=split_list(score, "--score"),

@@ -5,11 +5,11 @@ import json
 
 import click
 
-from ..options import Command
+from jemeval.cli.options import Command
 
 
 def plugin_report() -> list[dict]:
-    from ...plugins import get_plugin_manager
+    from jemeval.plugins import get_plugin_manager
 
     return [info.as_dict() for info in get_plugin_manager().plugin_infos()]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     data_options,
     dataset_option,
@@ -82,7 +82,7 @@ def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, g
       jemeval robust --model jem.pt --norm linf --refine-steps 0,1,10 --steps 100 --restarts 20 --sigma 0.03
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
     """
-    from ...evaluation.robustness import robust
+    from jemeval.evaluation.robustness import robust
 
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),

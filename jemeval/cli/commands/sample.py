@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import (
+from jemeval.cli.options import (
     Command,
     dataset_option,
     device_option,
@@ -46,7 +46,7 @@ def sampling_options(fn):
 
 def sample_from_options(model_path: str, device: str, seed: int, **opts):
     """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options."""
-    from ...evaluation.generation import sample
+    from jemeval.evaluation.generation import sample
 
     return sample(model_path, device=resolve_device(device), seed=seed, progress=True, **opts)
 

@@ -19,7 +19,7 @@ import sys
 
 import click
 
-from ..options import data_options, parse_ints
+from jemeval.cli.options import data_options, parse_ints
 
 
 def _explicit(ctx: click.Context, params: dict) -> dict:
@@ -97,7 +97,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
       jemeval train digits --arch igebm --objective factored
       jemeval train digits --nproc 2                # DDP, 2 processes (or: torchrun --nproc-per-node 2 -m jemeval train digits)
     """
-    from ...training import resolve_config, resume_from, train
+    from jemeval.training import resolve_config, resume_from, train
 
     given = _explicit(ctx, params)
     if compile_ is not None:
@@ -126,7 +126,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
 
 def _launched_by_torchrun(nproc: int) -> bool:
     """True inside a torchrun worker (then --nproc must agree with its WORLD_SIZE)."""
-    from ...errors import UsageError
+    from jemeval.errors import UsageError
 
     world = os.environ.get("WORLD_SIZE")
     if world is None:
@@ -140,16 +140,16 @@ def _check_launch(config, nproc: int) -> None:
     """The one-line errors a worker would hit, raised before any process starts."""
     from pathlib import Path
 
-    from ...distributed import DistContext
-    from ...training.config import load_resume_checkpoint
-    from ...training.parallel import (
+    from jemeval.runtime.distributed import DistContext
+    from jemeval.training.config import load_resume_checkpoint
+    from jemeval.training.parallel import (
         buffer_share,
         check_global_batch,
         check_nproc,
         check_world,
     )
-    from ...training.rundir import check_run_folder
-    from ..options import resolve_device
+    from jemeval.training.rundir import check_run_folder
+    from jemeval.cli.options import resolve_device
 
     check_nproc(nproc, resolve_device(config.device))
     check_run_folder(config)
@@ -164,11 +164,11 @@ def _check_launch(config, nproc: int) -> None:
 
 def _relaunch(nproc: int) -> int:
     """Run this same command line under ``torch.distributed.run`` with ``nproc`` local processes."""
-    from ...distributed import available_cpus
+    from jemeval.runtime.distributed import available_cpus
 
     args = _without_nproc(sys.argv[1:])
     if "train" not in args:
-        from ...errors import UsageError
+        from jemeval.errors import UsageError
 
         raise UsageError("--nproc re-launches the command line and needs it: use "
                          f"torchrun --nproc-per-node {nproc} -m jemeval train ... instead")
@@ -196,7 +196,7 @@ def _without_nproc(args: list[str]) -> list[str]:
 
 
 def _plain(obj):
-    from ...results import _plain as plain
+    from jemeval.results import _plain as plain
 
     return plain(obj)
 

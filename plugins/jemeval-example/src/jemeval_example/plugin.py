@@ -64,7 +64,7 @@ def example_noise(norm, *, seed: int = 0):
         g = torch.Generator(device=x.device).manual_seed(int(seed))
         out = []
         for eps in epsilons:
-            eps_model = jemeval.interfaces.pixel_to_model_scale(eps)   # pixel units -> [-1, 1] space
+            eps_model = jemeval.pixel_to_model_scale(eps)   # pixel units -> [-1, 1] space
             if norm == "linf":
                 delta = eps_model * torch.sign(torch.randn(x.shape, generator=g, device=x.device))
             else:

@@ -204,7 +204,7 @@ def read_tf_variables(prefix: str) -> dict[str, np.ndarray]:
 
 
 def _source_hashes(prefix: str) -> dict[str, str]:
-    from jemeval.checkpoints import file_sha256
+    from jemeval.provenance import file_sha256
 
     files = [Path(prefix + ".index")] + sorted(Path(prefix).parent.glob(Path(prefix).name + ".data-*"))
     return {f.name: file_sha256(f) for f in files}
@@ -212,7 +212,7 @@ def _source_hashes(prefix: str) -> dict[str, str]:
 
 def convert_tf_checkpoint(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
     """Write the release checkpoint ``path_in`` as a jemeval checkpoint; returns a Result."""
-    from jemeval.interop import check_dataset_name, check_output_path, write_converted
+    from jemeval.formats.convert import check_dataset_name, check_output_path, write_converted
 
     check_output_path(path_in, path_out)
     if dataset is not None:

@@ -79,7 +79,7 @@ class FastPath:
     # -- the model ------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, *, wrap: Callable[[nn.Module], nn.Module] | None = None) -> PreparedModel:
         """Apply channels_last (in place, to the eager module), then ``wrap`` (e.g. a
-        :class:`~jemeval.distributed.DistContext`'s DistributedDataParallel), then compile.
+        :class:`~jemeval.runtime.distributed.DistContext`'s DistributedDataParallel), then compile.
 
         ``run`` is what training calls, ``sample`` what SGLD calls (compiled, never the DDP
         wrapper: sampling needs no gradient reduction), ``eager`` what checkpoints save.

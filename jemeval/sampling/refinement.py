@@ -2,7 +2,7 @@
 
 Before classifying, each input is duplicated into ``chains`` copies, each copy gets
 ``sigma * N(0, I)`` noise and is moved by ``steps`` SGLD steps up log p~(x) (the shared
-:class:`jemeval.sampling.SGLD`), and the logits of the refined copies are averaged
+:class:`jemeval.sampling.sgld.SGLD`), and the logits of the refined copies are averaged
 (the JEM paper's evaluation, docs/reproducing.md; the paper uses 5 chains and 0, 1 or 10 steps).
 
 How an attacker differentiates through this stochastic, iterative defence decides how strong the
@@ -31,32 +31,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UsageError
-from .sampling import SGLD, frozen, input_grad, recorded_sgld, trained_sampler
+from jemeval.energy.model import log_p
+from jemeval.errors import UsageError
+from jemeval.sampling.recorded import recorded_sgld, sampler_note
+from jemeval.sampling.sgld import SGLD, frozen, input_grad
 
 GRAD_MODES = ("full", "bpda", "eot")
 #: refinement with at least this many steps uses gradient checkpointing when ``checkpoint=None``
 AUTO_CHECKPOINT_STEPS = 5
 
 
-def sampler_note(model: nn.Module) -> str | None:
-    """What evaluation records when training used another sampler (None for plain SGLD)."""
-    name = trained_sampler(model)
-    if name is None:
-        return None
-    return (f"trained with {name}; evaluation samples with plain SGLD using the recorded step size, noise, "
-            "clamp and BatchNorm mode (the sampler's other settings are not used)")
-
-
-def sgld_from_config(model: nn.Module, steps: int) -> SGLD:
-    """The SGLD a model was trained with, else JEM's (see :func:`jemeval.sampling.recorded_sgld`)."""
-    return recorded_sgld(model, steps)[0]
-
-
 class RefinedClassifier(nn.Module):
     """``forward(x)`` -> logits after SGLD refinement, averaged over noisy chains (N x K).
 
-    Quacks like an :class:`~jemeval.energy.EnergyModel` (``logits``, ``log_px``, ``energy``,
+    Quacks like an :class:`~jemeval.energy.model.EnergyModel` (``logits``, ``log_px``, ``energy``,
     ``probs``, ``predict``, ``num_classes``, ``input_shape``, ``metadata``) so that scores,
     metrics and attacks treat a defended model like any other.
     """
@@ -89,7 +77,7 @@ class RefinedClassifier(nn.Module):
         self.steps = int(steps)
         self.chains = int(chains)
         self.sigma = float(sigma)
-        base = sgld if sgld is not None else sgld_from_config(model, self.steps)
+        base = sgld if sgld is not None else recorded_sgld(model, self.steps)[0]
         self.sgld = dataclasses.replace(base, steps=self.steps)
         self.grad_mode = grad_mode
         self.eot_samples = int(eot_samples) if grad_mode == "eot" else 1
@@ -128,7 +116,7 @@ class RefinedClassifier(nn.Module):
 
     def log_px(self, x: torch.Tensor) -> torch.Tensor:
         """logsumexp of the refined (chain-averaged) logits."""
-        return self(x).logsumexp(dim=1)
+        return log_p(self(x))
 
     def energy(self, x: torch.Tensor) -> torch.Tensor:
         return -self.log_px(x)
@@ -188,7 +176,7 @@ class RefinedClassifier(nn.Module):
         return self.sgld.sample(self.model, x, create_graph=create_graph, generator=gen)
 
     def _refine_checkpointed(self, x: torch.Tensor) -> torch.Tensor:
-        """The SGLD update of :class:`~jemeval.sampling.SGLD` with the graph kept through every
+        """The SGLD update of :class:`~jemeval.sampling.sgld.SGLD` with the graph kept through every
         step, each step recomputed in the backward pass (torch.utils.checkpoint) instead of
         stored: memory grows with one step's activations, not with ``steps`` of them."""
         from torch.utils.checkpoint import checkpoint
@@ -199,8 +187,7 @@ class RefinedClassifier(nn.Module):
             # frozen here too: the recomputation runs during backward, outside any outer context
             with frozen(model, train=(sgld.bn_mode == "train")):
                 _, grad = input_grad(model, x_k, create_graph=True)
-            x_next = x_k + sgld.step_size * grad + sgld.noise * noise
-            return x_next.clamp(*sgld.clamp) if sgld.clamp is not None else x_next
+            return sgld.update(x_k, grad, noise, create_graph=True)
 
         for _ in range(self.steps):
             x = checkpoint(step, x, self._randn(x), use_reentrant=False)

@@ -30,7 +30,7 @@ Facts and deviations, stated plainly:
 * The split must be exact: every gradient path from x must pass through the first layer. This is
   verified once per model (eta must equal the Hamiltonian's gradient at the same x; one host sync,
   cached afterwards). A model that fails, or has no conv/linear layer, or calls the first layer
-  more than once per forward, is sampled with plain :class:`~jemeval.sampling.SGLD` (same steps,
+  more than once per forward, is sampled with plain :class:`~jemeval.sampling.sgld.SGLD` (same steps,
   step size, noise, clamp, BatchNorm mode) after a ``RuntimeWarning``.
 * JEM++ samples with BatchNorm in train mode; jemeval's default ``bn_mode`` is ``"eval"`` (sampling
   never changes the model) and ``"train"`` is one setting away.
@@ -51,12 +51,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .errors import UsageError
-from .fastpath import to_fp32, unwrap
-from .sampling import SGLD, _autocast, _log_p, check_sampler_fields, frozen
+from jemeval.errors import UsageError
+from jemeval.runtime.fastpath import to_fp32, unwrap
+from jemeval.sampling.sgld import SGLD, _autocast, _log_p, check_sampler_fields, frozen
 
 if TYPE_CHECKING:
-    from .fastpath import FastPath
+    from jemeval.runtime.fastpath import FastPath
 
 SPLIT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -137,7 +137,7 @@ def _capture(layer: nn.Module, *, stop: bool) -> Iterator[list[tuple[torch.Tenso
 
 @dataclass
 class ProximalSGLD:
-    """JEM++'s proximal SGLD with :class:`~jemeval.sampling.SGLD`'s call (see the module docstring).
+    """JEM++'s proximal SGLD with :class:`~jemeval.sampling.sgld.SGLD`'s call (see the module docstring).
 
     steps:                 outer (full forward/backward) steps; JEM++ uses 5 (JEM's SGLD: 20)
     inner_steps:           first-layer-only steps after each outer step (JEM++: 5)

@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .energy import EnergyModel
-from .errors import UsageError
-from .plugins import get_registry
-from .registry import accepted_options, call_with_supported, check_options, parse_spec
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import UsageError
+from jemeval.plugins import get_registry
+from jemeval.registry import accepted_options, call_with_supported, check_options, parse_spec
 
 
 def create_model(

@@ -21,16 +21,23 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .energy import EnergyModel
-from .errors import CheckpointError, UsageError
+from jemeval.energy.factory import create_model
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import CheckpointError
+from jemeval.formats.native import _looks_like_state_dict, load_state, replay_buffer_of
+
+
+_OFFICIAL_UNUSED = ("energy_output.", "f.linear.")
+
 
 #: SADA-JEM's 64 x 64 networks add a fourth stage; jemeval's WRN has three
 _UNSUPPORTED_WRN_KEYS = (("f.layer4.", "a fourth WRN stage (f.layer4, SADA-JEM's 64x64 networks)"),)
+
+
 #: JEM++ --model yopo: the same modules registered under a second name
 _YOPO_ALIASES = (("f.layer_one.", "f.conv1."), ("f.other_layers.0.", "f.layer1."), ("f.other_layers.1.", "f.layer2."),
                  ("f.other_layers.2.", "f.layer3."), ("f.other_layers.3.", "f.bn1."))
@@ -64,20 +71,46 @@ class ForeignLayout:
     match: Callable[[Any], FoundCheckpoint | None]
 
 
-def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
-    from .checkpoints import _load_state, _shape_mismatch, strip_unused_official_keys
-    from .models import create_model
+def official_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
+    """The WRN state dict inside a JEM-release checkpoint, or None if ``obj`` is not one."""
+    state = obj.get("model_state_dict") if isinstance(obj, dict) and "model_state_dict" in obj else obj
+    if _looks_like_state_dict(state) and "f.conv1.weight" in state and "class_output.weight" in state:
+        return state
+    return None
 
+
+def infer_wrn_config(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Depth, widen factor, norm, class count and channels of a WRN state dict in the release layout."""
+    try:
+        conv1 = state["f.conv1.weight"]
+        first = state["f.layer1.0.conv1.weight"]
+        blocks = {int(m.group(1)) for k in state if (m := re.match(r"f\.layer1\.(\d+)\.conv1\.weight$", k))}
+        num_classes = state["class_output.weight"].shape[0]
+    except KeyError as exc:
+        raise CheckpointError(f"state dict lacks {exc.args[0]!r}: not a JEM Wide ResNet layout") from None
+    widen = first.shape[0] // 16
+    depth = 6 * len(blocks) + 4
+    if "f.layer1.0.bn1.running_mean" in state or "f.bn1.running_mean" in state:
+        norm = "batch"
+    elif any(k.startswith("f.bn1.") or ".bn1." in k for k in state):
+        raise CheckpointError("the checkpoint uses a norm layer jemeval does not know (only none and batch are supported)")
+    else:
+        norm = None
+    return {"depth": depth, "widen": widen, "norm": norm, "num_classes": int(num_classes), "in_channels": int(conv1.shape[1])}
+
+
+def strip_unused_official_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if not k.startswith(_OFFICIAL_UNUSED)}
+
+
+def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
     cfg = found.config
     model = create_model(
         "wrn", cfg["num_classes"], (cfg["in_channels"], 32, 32),
         depth=cfg["depth"], widen=cfg["widen"], norm=cfg["norm"], dropout=0.0,
         metadata={"dataset": None, "source_format": found.layout, "config": found.source_config()},
     )
-    try:
-        _load_state(model, strip_unused_official_keys(found.state), path)
-    except RuntimeError as exc:
-        raise _shape_mismatch(exc, path, "wrn") from None
+    load_state(model, strip_unused_official_keys(found.state), path)
     return model
 
 
@@ -111,8 +144,6 @@ def _wrn_layout(name: str, summary: str, bn_mode: str, *, norm: str | None, line
     """A WRN layout told apart by its norm and by whether the unused ``f.linear`` head is present."""
 
     def match(obj: Any) -> FoundCheckpoint | None:
-        from .checkpoints import infer_wrn_config, official_state_dict, replay_buffer_of
-
         state = official_state_dict(obj)
         if state is None:
             return None
@@ -151,104 +182,9 @@ def unknown_layout_error(obj: Any, path: str) -> CheckpointError:
     )
 
 
-def check_output_path(src: Path | str, dst: Path | str) -> Path:
-    """A converter's output: a new .pt file that is not the input."""
-    src, dst = Path(src), Path(dst)
-    if dst.exists():
-        what = "is the input file" if dst.resolve() == src.resolve() else "already exists"
-        raise UsageError(f"output {str(dst)!r} {what}; remove it or give another output path")
-    if dst.suffix != ".pt":
-        raise UsageError(f"output must be a .pt file, got {str(dst)!r}")
-    return dst
-
-
-def write_converted(model: EnergyModel, source: str, dst: Path | str, *, layout: str, source_sha256: Any,
-                    dataset: str | None = None, replay_buffer: Any = None, config: dict | None = None,
-                    extra: dict | None = None, command: str = "convert"):
-    """Save a converted model as a jemeval checkpoint (with provenance) and return the Result record.
-
-    Shared by ``jemeval convert`` and plugin converters (e.g. jemeval-igebm's TensorFlow one).
-    """
-    from .checkpoints import save_checkpoint
-    from .provenance import provenance
-    from .results import Result
-
-    config = {"source_layout": layout, "source_file": source, "source_sha256": source_sha256, **(config or {})}
-    source_file = source if Path(source).is_file() else None  # a TF checkpoint is a prefix, hashed in settings
-    prov = provenance(command=command, checkpoint=source_file, settings={"source_layout": layout, "dataset": dataset,
-                                                                          "source_sha256": source_sha256})
-    save_checkpoint(dst, model, dataset=dataset, replay_buffer=replay_buffer, config=config, provenance=prov)
-    record = {
-        "source": source, "output": str(dst), "layout": layout, "arch": model.arch, "arch_options": model.arch_options,
-        "num_classes": model.num_classes, "dataset": dataset,
-        "replay_buffer": None if replay_buffer is None else list(replay_buffer.shape),
-        "source_sha256": source_sha256, **(extra or {}),
-    }
-    return Result([record], provenance=prov)
-
-
 def identify_foreign(obj: Any) -> FoundCheckpoint | None:
     for layout in LAYOUTS:
         found = layout.match(obj)
         if found is not None:
             return found
     return None
-
-
-# -- jemeval convert ---------------------------------------------------------------------------
-def _looks_like_tensorflow(path: Path) -> bool:
-    if path.is_dir():
-        return (path / "checkpoint").exists()
-    return path.suffix == ".index" or re.search(r"\.data-\d+-of-\d+$", path.name) is not None or (
-        not path.exists() and Path(f"{path}.index").exists()
-    )
-
-
-def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
-    """Write the foreign checkpoint ``path_in`` as a jemeval checkpoint at ``path_out``.
-
-    The output records the source layout, the source file's SHA-256, the BatchNorm mode the
-    layout's authors sample with (``config["sgld"]["bn_mode"]``) and, with ``dataset``, the
-    training set (which a foreign checkpoint does not name; ``ood`` and ``calibrate`` use it as
-    the in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
-    """
-    from .checkpoints import (
-        check_finite,
-        file_sha256,
-        is_jemeval_checkpoint,
-        read_checkpoint,
-    )
-
-    src, dst = Path(path_in), Path(path_out)
-    if _looks_like_tensorflow(src):
-        raise UsageError(
-            f"{str(src)!r} is a TensorFlow checkpoint; IGEBM release checkpoints are converted by the "
-            "jemeval-igebm plugin: pip install 'jemeval-igebm[tf]', then jemeval-igebm-convert IN OUT"
-        )
-    check_output_path(src, dst)
-    if dataset is not None:
-        check_dataset_name(dataset)
-    obj = read_checkpoint(src)
-    if is_jemeval_checkpoint(obj):
-        raise UsageError(f"{str(src)!r} is already a jemeval checkpoint; nothing to convert")
-    found = identify_foreign(obj)
-    if found is None:
-        raise unknown_layout_error(obj, str(src))
-    model = found.build(str(src))
-    if found.replay_buffer is not None:
-        check_finite(found.replay_buffer, "its replay buffer", str(src))
-    return write_converted(
-        model, str(src), dst, layout=found.layout, source_sha256=file_sha256(src), dataset=dataset,
-        replay_buffer=found.replay_buffer, config=found.source_config(), extra={"bn_mode": found.sgld.get("bn_mode")},
-    )
-
-
-def check_dataset_name(dataset: str) -> None:
-    from .errors import did_you_mean
-    from .plugins import names
-    from .registry import parse_spec
-
-    known = names("dataset")
-    name = parse_spec(dataset).name
-    if name not in known:
-        raise UsageError(f"unknown dataset {dataset!r}{did_you_mean(name, known)}; known datasets: {', '.join(known)}")

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import JemevalError
-from .fastpath import unwrap
+from jemeval.errors import JemevalError
+from jemeval.runtime.fastpath import unwrap
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -6,9 +6,12 @@ inside ``Module.to``. The command line's ``--device`` goes through :func:`resolv
 """
 from __future__ import annotations
 
+import platform
+from typing import Any
+
 import torch
 
-from .errors import UsageError, did_you_mean
+from jemeval.errors import UsageError, did_you_mean
 
 #: what users may write (besides a torch.device): "auto" = cuda when available, else cpu
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "auto")
@@ -43,3 +46,16 @@ def resolve_device(device: str | torch.device | None, *, name: str = "device") -
         if dev.index is not None and dev.index >= count:
             raise UsageError(f"{name} {str(device)!r} does not exist: this machine has {count} GPU(s), cuda:0..cuda:{count - 1}")
     return dev
+
+
+def device_description(device: str | torch.device | None) -> dict[str, Any]:
+    device = torch.device(device or "cpu")
+    info: dict[str, Any] = {"device": str(device)}
+    if device.type == "cuda" and torch.cuda.is_available():
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        info["device_name"] = torch.cuda.get_device_name(idx)
+        info["cuda_version"] = torch.version.cuda
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+        info["cpu_threads"] = torch.get_num_threads()
+    return info

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_text_atomic
+from jemeval.atomic import write_text_atomic
 
 COLUMNS = (
     "epoch", "step", "train_acc", "val_acc", "loss", "loss_pyx", "loss_px", "loss_pxy", "loss_l2",

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..interfaces import calibration_metric, ood_metric
+from jemeval.components import calibration_metric, ood_metric
 
 
 def _labels_scores(id_scores, ood_scores):
@@ -177,8 +177,8 @@ def registered_metrics(task: str) -> list[tuple[str, object]]:
 
     Built-ins come first in their documented order, plugin metrics after them by name.
     """
-    from ..interfaces import metric_task
-    from ..plugins import get_registry
+    from jemeval.components import metric_task
+    from jemeval.plugins import get_registry
 
     registry = get_registry()
     found = [(c.name, c.obj) for c in registry.components("metric") if metric_task(c.obj) == task]
@@ -199,7 +199,7 @@ def select_metrics(task: str, names: Sequence[str] | None = None) -> list[tuple[
     by_name = dict(available)
     for name in names:
         if name not in by_name:
-            from ..errors import UsageError, did_you_mean
+            from jemeval.errors import UsageError, did_you_mean
 
             raise UsageError(f"unknown {TASK_NAMES[task]} metric {name!r}{did_you_mean(name, by_name)}; "
                              f"known: {', '.join(by_name)}")

@@ -19,6 +19,22 @@ import torch
 from torch import nn
 
 
+def log_p(logits: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """log p~(x) = logsumexp_y f(x)[y] (``y`` None) or log p~(x, y) = f(x)[y], per example (N,).
+
+    The one place the JEM reading of logits is written: the model, the sampler, the scores, the
+    training objective and the generation report all call it. Logits of any float type are read in
+    float32 at least, so a bf16 network never rounds the density itself.
+    """
+    if logits.dim() != 2:
+        logits = logits.reshape(logits.shape[0], -1)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if y is None:
+        return logits.logsumexp(dim=1)
+    return logits.gather(1, y.view(-1, 1).to(logits.device)).squeeze(1)
+
+
 class EnergyModel(nn.Module):
     """Wraps a logits network; ``model(x)`` returns logits (N x K)."""
 
@@ -64,7 +80,7 @@ class EnergyModel(nn.Module):
 
     def log_px(self, x: torch.Tensor) -> torch.Tensor:
         """log p~(x) = logsumexp of the logits (N,)."""
-        return self.logits(x).logsumexp(dim=1)
+        return log_p(self.logits(x))
 
     def energy(self, x: torch.Tensor) -> torch.Tensor:
         """E(x) = -log p~(x) (N,); lower = more probable."""
@@ -80,7 +96,7 @@ class EnergyModel(nn.Module):
             if self.normalization is not None:
                 x = (x - self._norm_mean) / self._norm_std
             return self.net.class_logits(x, y)
-        return self.logits(x).gather(1, y.view(-1, 1)).squeeze(1)
+        return log_p(self.logits(x), y)
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
         """p(y | x) = softmax of the logits (N x K)."""

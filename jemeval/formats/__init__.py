@@ -1,0 +1,1 @@
+"""Checkpoint formats: jemeval's own (native), foreign layouts, loading and converting."""

@@ -1,1 +1,0 @@
-"""Network definitions (plain nn.Modules giving logits); registered by jemeval.builtins.models."""
