@@ -193,7 +193,7 @@ CLI_CASES = [
     ("sample-save-missing-folder", "sample --model m.pt --save missing/s.npz", "does not exist"),
     ("sample-class-not-in-model", "sample --model m.pt --class 99", "is not a class of this model"),
     ("sample-n-zero", "sample --model m.pt --n 0", "--n must be >= 1"),
-    ("sample-negative-steps", "sample --model m.pt --steps -1", "--steps must be >= 0"),
+    ("sample-negative-steps", "sample --model m.pt --steps -1", "Invalid value for '--steps'"),
     ("sample-unknown-init", "sample --model m.pt --init bogus", CLICK),
     # fidelity
     ("fidelity-both-sources", "fidelity --model m.pt --samples d.npz", "give exactly one of --model"),
@@ -322,7 +322,7 @@ API_CASES = [
     ("calibrate-metric", lambda: jemeval.calibrate(_model(), metrics=["nope"]), "unknown calibration metric 'nope'"),
     ("evaluate-typo", lambda: jemeval.evaluate(_model(), "digts"), "did you mean 'digits'"),
     ("robust-norm", lambda: jemeval.robust(_model(), norm="l3"), "l3"),
-    ("convert-onto-itself", lambda: __import__("jemeval.formats.foreign").interop.convert("m.pt", "m.pt"), "is the input file"),
+    ("convert-onto-itself", lambda: __import__("jemeval.formats.convert").formats.convert.convert("m.pt", "m.pt"), "is the input file"),
 ]
 
 

@@ -24,7 +24,7 @@ def sampling_options(fn):
                      help="Class-conditional chains (ascend log p~(x, y)) for class C, a list 0,3 or all; "
                           "omit for unconditional chains (ascend log p~(x))."),
         click.option("--n", "n", type=int, default=64, show_default=True, help="Chains per class (or in total when unconditional)."),
-        click.option("--steps", type=int, default=None, help="SGLD steps [default: 100]."),
+        click.option("--steps", type=click.IntRange(min=0), default=None, help="SGLD steps [default: 100]."),
         click.option("--init", type=click.Choice(["noise", "buffer", "data"]), default="noise", show_default=True,
                      help="Chain starts: fresh U(-1, 1) noise, the checkpoint's replay buffer, or training images."),
         dataset_option("--data", default=None, help="Dataset for --init data [default: the model's dataset]."),
