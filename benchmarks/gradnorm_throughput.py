@@ -24,8 +24,8 @@ from scipy.stats import spearmanr
 from timing import add_common_args, header, interleave, setup
 
 from jemeval.builtins.scores import gradnorm
-from jemeval.runtime.fastpath import FastPath
 from jemeval.energy.factory import create_model
+from jemeval.runtime.fastpath import FastPath
 
 
 def naive_gradnorm(f, x: torch.Tensor) -> torch.Tensor:

@@ -31,11 +31,11 @@ from timing import header, setup
 from train_iteration import jemeval_iteration
 
 from jemeval.data import load_dataset, to_arrays
-from jemeval.runtime.fastpath import FastPath
 from jemeval.energy.factory import create_model
+from jemeval.runtime.fastpath import FastPath
 from jemeval.sampling.buffer import ReplayBuffer
-from jemeval.sampling.sgld import SGLD
 from jemeval.sampling.proximal import ProximalSGLD
+from jemeval.sampling.sgld import SGLD
 
 SAMPLERS = {
     "sgld10": lambda: SGLD(steps=10, step_size=1.0, noise=0.01),

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from timing import add_common_args, fmt_ms, header, interleave, setup
 
-from jemeval.runtime.fastpath import FastPath
 from jemeval.energy.factory import create_model
+from jemeval.runtime.fastpath import FastPath
 from jemeval.sampling.sgld import SGLD
 
 

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from naive_reference import naive_iteration
 from timing import add_common_args, fmt_ms, header, interleave, setup
 
-from jemeval.runtime.fastpath import FastPath, joint_logits
 from jemeval.energy.factory import create_model
+from jemeval.runtime.fastpath import FastPath, joint_logits
 from jemeval.sampling.buffer import ReplayBuffer
 from jemeval.sampling.sgld import SGLD
 

@@ -59,8 +59,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     from jemeval.cli.options import resolve_device
-    from jemeval.runtime.fastpath import FastPath
     from jemeval.energy.factory import create_model
+    from jemeval.runtime.fastpath import FastPath
     from jemeval.sampling.buffer import ReplayBuffer
     from jemeval.sampling.sgld import SGLD
     from jemeval.training.augment import Augment

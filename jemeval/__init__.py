@@ -14,8 +14,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from jemeval.hookspecs import hookimpl  # noqa: E402
 from jemeval.components import calibration_metric, ood_metric, pixel_to_model_scale  # noqa: E402
+from jemeval.hookspecs import hookimpl  # noqa: E402
 
 __all__ = [
     "__version__", "hookimpl", "ood_metric", "calibration_metric", "pixel_to_model_scale",

@@ -45,7 +45,8 @@ validates the output (shape, [-1, 1], each epsilon ball) before re-classifying i
 """
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

@@ -7,8 +7,9 @@ unlabelled sets such as ``uniform``). Names are specs (:func:`jemeval.registry.p
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -8,7 +8,7 @@ non-zero exit code instead of a traceback; Python callers can catch them as ordi
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class JemevalError(Exception):

@@ -18,14 +18,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from jemeval.energy.model import EnergyModel
 from jemeval.components import NORMS, metric_task
+from jemeval.energy.model import EnergyModel
 from jemeval.plugins import get_plugin_manager
 
 

@@ -71,8 +71,8 @@ def test_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch):
     import torch
 
     import jemeval
-    from jemeval.formats.native import save_checkpoint
     from jemeval.errors import WriteError
+    from jemeval.formats.native import save_checkpoint
 
     model = jemeval.create_model("cnn", 3, (1, 4, 4), width=4)
     path = save_checkpoint(tmp_path / "m.pt", model)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import jemeval
+from jemeval.errors import CheckpointError
 from jemeval.formats.foreign import infer_wrn_config
 from jemeval.formats.native import read_checkpoint
-from jemeval.errors import CheckpointError
 
 
 def release_state_dict(depth, widen, num_classes, seed=0, batchnorm=False, f_linear=True):
@@ -283,8 +283,8 @@ def test_pickle_refusal_says_how_to_get_a_loadable_file(tmp_path):
 
 def test_load_model_device_names_are_checked_in_one_place(tmp_path, digits_classifier_ckpt):
     from jemeval.cli.options import resolve_device as cli_device
-    from jemeval.runtime.devices import resolve_device
     from jemeval.errors import UsageError
+    from jemeval.runtime.devices import resolve_device
 
     with pytest.raises(UsageError, match=r"unknown device 'gpu' \(did you mean 'cuda'\?\): use cpu, cuda, cuda:N, auto"):
         jemeval.load_model(digits_classifier_ckpt, device="gpu")

@@ -23,9 +23,9 @@ import time
 import pytest
 import torch
 
+from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 from jemeval.runtime.distributed import DistContext
-from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
 from jemeval.training.rundir import LOCK_NAME
 

@@ -14,9 +14,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from jemeval.runtime import distributed as D
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError
+from jemeval.runtime import distributed as D
 from jemeval.runtime.fastpath import FastPath, joint_logits
 from jemeval.sampling.sgld import SGLD
 

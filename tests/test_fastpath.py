@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits, to_fp32, unwrap
-from jemeval.energy.factory import create_model
 from jemeval.sampling.buffer import ReplayBuffer
 from jemeval.sampling.sgld import SGLD, frozen, model_log_p
 from jemeval.testing import tiny_model

@@ -9,7 +9,6 @@ import torch
 from click.testing import CliRunner
 
 import jemeval
-from jemeval.formats.native import save_checkpoint
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation.generation import (
@@ -18,6 +17,7 @@ from jemeval.evaluation.generation import (
     sample,
     top_confident_mask,
 )
+from jemeval.formats.native import save_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.runtime.fastpath import FastPath
-from jemeval.energy.factory import create_model
-from jemeval.sampling.sgld import SGLD
 from jemeval.sampling.proximal import _SPLITS, ProximalSGLD, first_layer
+from jemeval.sampling.sgld import SGLD
 from jemeval.testing import tiny_model
 
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 from jemeval.runtime.distributed import available_cpus
-from jemeval.errors import UsageError
 from jemeval.training import resolve_config, train
 from jemeval.training.rundir import LOCK_NAME, RunLock
 

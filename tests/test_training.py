@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 import jemeval
-from jemeval.formats.native import read_checkpoint
 from jemeval.errors import TrainingDiverged, UsageError
+from jemeval.formats.native import read_checkpoint
 from jemeval.training import TrainConfig, resolve_config, resume_config, train
 from jemeval.training.augment import Augment, augment_for, parse_augment
 from jemeval.training.divergence import (

@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from jemeval.errors import UsageError
 from jemeval.energy.model import log_p
+from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
 from jemeval.sampling.sgld import frozen, input_grad
 

@@ -13,7 +13,8 @@ is applied *inside* the model, so every caller (sampler, attacks, scores) still 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

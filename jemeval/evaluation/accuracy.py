@@ -10,15 +10,15 @@ plain noisy evaluation.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from jemeval.data import load_dataset, subsample
 from jemeval.errors import UsageError
-from jemeval.results import Result
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
@@ -28,6 +28,7 @@ from jemeval.evaluation.batching import (
 )
 from jemeval.evaluation.calibration import softmax64
 from jemeval.evaluation.metrics import nll as nll_metric
+from jemeval.results import Result
 
 
 def evaluate(
@@ -106,8 +107,8 @@ def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size
     """The model itself for K = 0, else a seeded RefinedClassifier, with its settings."""
     if steps == 0:
         return model, {"refine_steps": 0}
-    from jemeval.sampling.refinement import RefinedClassifier
     from jemeval.sampling.recorded import recorded_sgld
+    from jemeval.sampling.refinement import RefinedClassifier
 
     sgld, _ = recorded_sgld(model, steps, step_size=step_size, noise=noise)
     device = model.device

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from jemeval.errors import UsageError
 from jemeval.components import NORMS, pixel_to_model_scale
+from jemeval.errors import UsageError
 
 BOUNDS = (-1.0, 1.0)
 

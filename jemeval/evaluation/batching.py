@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,9 +24,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from jemeval.data import iterate_batches
-from jemeval.runtime.devices import resolve_device
 from jemeval.errors import JemevalError, UsageError
 from jemeval.registry import check_options, parse_spec
+from jemeval.runtime.devices import resolve_device
 from jemeval.sampling.sgld import frozen
 
 DEFAULT_BATCH_SIZE = 256

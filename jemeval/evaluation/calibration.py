@@ -25,8 +25,6 @@ import torch
 
 from jemeval.data import ArrayDataset, load_dataset, subsample, to_arrays
 from jemeval.errors import UsageError
-from jemeval.registry import call_with_supported
-from jemeval.results import Result
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
@@ -35,6 +33,8 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
+from jemeval.registry import call_with_supported
+from jemeval.results import Result
 
 SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")
 DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20% of the train split)

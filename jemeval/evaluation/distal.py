@@ -15,16 +15,16 @@ from collections.abc import Sequence
 
 import torch
 
-from jemeval.runtime.devices import resolve_device
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
+from jemeval.evaluation.batching import prepare_model
 from jemeval.provenance import provenance
+from jemeval.results import Result
+from jemeval.runtime.devices import resolve_device
+from jemeval.sampling.buffer import uniform_like_shape
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.refinement import RefinedClassifier
-from jemeval.results import Result
-from jemeval.sampling.buffer import uniform_like_shape
 from jemeval.sampling.sgld import frozen
-from jemeval.evaluation.batching import prepare_model
 
 
 def distal(

@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from jemeval.runtime.devices import resolve_device
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError, JemevalError, UsageError, did_you_mean
 from jemeval.results import Result
+from jemeval.runtime.devices import resolve_device
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
@@ -322,9 +322,9 @@ def fidelity(
     path(s) or EnergyModel(s) for the Frechet distance ``fd``. ``inception_weights`` defaults to
     ``$JEMEVAL_INCEPTION_WEIGHTS``.
     """
-    from jemeval.provenance import provenance
     from jemeval.evaluation.batching import prepare_model
     from jemeval.evaluation.generation import Samples, load_samples
+    from jemeval.provenance import provenance
 
     device = resolve_device(device or "cpu")
     inception_weights = inception_weights or os.environ.get(WEIGHTS_ENV) or None

@@ -315,8 +315,8 @@ def sample(
     of ``data``, default the model's dataset). ``top_confident=P`` keeps the P% most confident
     samples of each predicted class. ``progress=None`` shows a bar only on a terminal.
     """
-    from jemeval.provenance import provenance
     from jemeval.evaluation.batching import prepare_model
+    from jemeval.provenance import provenance
 
     model = prepare_model(model, device)
     check_init(init)

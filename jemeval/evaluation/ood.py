@@ -16,17 +16,16 @@ Scores are "higher = more in-distribution" (README.md, Conventions). The per-exa
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from jemeval.data import load_dataset, subsample
 from jemeval.errors import UsageError
-from jemeval.registry import parse_spec, split_specs
-from jemeval.results import Result
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
@@ -36,6 +35,8 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.metrics import select_metrics
+from jemeval.registry import parse_spec, split_specs
+from jemeval.results import Result
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
 METRIC_NOTE = (

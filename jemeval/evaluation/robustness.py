@@ -27,17 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from jemeval.runtime.devices import resolve_device
+from jemeval.components import NORMS, pixel_to_model_scale
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError, UsageError
-from jemeval.components import NORMS, pixel_to_model_scale
-from jemeval.provenance import provenance
-from jemeval.sampling.refinement import GRAD_MODES, RefinedClassifier, sampler_note
-from jemeval.results import Result
-from jemeval.sampling.recorded import recorded_sgld
-from jemeval.sampling.sgld import frozen
 from jemeval.evaluation.attacks import check_norm, perturbation_norm, project_to_ball
 from jemeval.evaluation.batching import check_input_shape, prepare_model, training_dataset
+from jemeval.provenance import provenance
+from jemeval.results import Result
+from jemeval.runtime.devices import resolve_device
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.refinement import GRAD_MODES, RefinedClassifier, sampler_note
+from jemeval.sampling.sgld import frozen
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
 #: (almost) always fooled: a sanity check of the attack, not a realistic threat model.

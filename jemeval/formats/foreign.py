@@ -30,7 +30,6 @@ from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError
 from jemeval.formats.native import _looks_like_state_dict, load_state, replay_buffer_of
 
-
 _OFFICIAL_UNUSED = ("energy_output.", "f.linear.")
 
 

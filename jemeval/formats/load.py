@@ -22,7 +22,6 @@ from jemeval.provenance import file_sha256
 from jemeval.registry import accepted_options
 from jemeval.runtime.devices import resolve_device
 
-
 #: fields a jemeval checkpoint must have, and their types (a damaged file fails on the first wrong one)
 _REQUIRED = {"arch": str, "num_classes": int, "input_shape": (list, tuple), "state_dict": dict}
 

@@ -28,7 +28,6 @@ from jemeval.atomic import atomic_path
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError
 
-
 FORMAT = "jemeval-checkpoint"
 FORMAT_VERSION = 1
 

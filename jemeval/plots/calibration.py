@@ -8,8 +8,9 @@ little.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from jemeval.plots import pyplot, save_figure
 

@@ -30,7 +30,7 @@ def trained_sampler(model: nn.Module) -> str | None:
     return str(name) if name and name != "sgld" else None
 
 
-def recorded_sgld(model: nn.Module, steps: int, **overrides) -> tuple["SGLD", str]:
+def recorded_sgld(model: nn.Module, steps: int, **overrides) -> tuple[SGLD, str]:
     """The plain SGLD for evaluating ``model``: explicit ``overrides`` (None = not given), else the
     settings the checkpoint recorded, else the JEM release's; plus a note saying where they came from.
 

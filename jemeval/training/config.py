@@ -16,8 +16,8 @@ from typing import Any
 
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.registry import parse_spec
-from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.sampling.proximal import ProximalSGLD
+from jemeval.sampling.sgld import BN_MODES, SGLD
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")

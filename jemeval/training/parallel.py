@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from jemeval.runtime import distributed as D
 from jemeval.errors import JemevalError, UsageError
+from jemeval.runtime import distributed as D
 
 
 def join(device: torch.device, global_batch: int) -> D.DistContext:

@@ -21,8 +21,8 @@ from torch import nn
 
 from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits
 from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
-from jemeval.sampling.sgld import SGLD
 from jemeval.sampling.proximal import ProximalSGLD
+from jemeval.sampling.sgld import SGLD
 from jemeval.training.augment import Augment
 from jemeval.training.objectives import Logits, Weights, jem_loss
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from jemeval.runtime import distributed as D
-from jemeval.formats.native import read_checkpoint, save_checkpoint
+from jemeval.energy.factory import create_model
 from jemeval.errors import JemevalError, TrainingDiverged, UsageError
+from jemeval.formats.native import read_checkpoint, save_checkpoint
+from jemeval.provenance import provenance
+from jemeval.runtime import distributed as D
 from jemeval.runtime.devices import resolve_device
 from jemeval.runtime.fastpath import FastPath
-from jemeval.energy.factory import create_model
-from jemeval.provenance import provenance
 from jemeval.sampling.buffer import ReplayBuffer
 from jemeval.training import parallel, rundir
 from jemeval.training.augment import augment_for

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from jemeval.cli.commands.sample import sample_from_options, sampling_options
 from jemeval.cli.options import (
     Command,
     dataset_option,
@@ -15,7 +16,6 @@ from jemeval.cli.options import (
     resolve_device,
     seed_option,
 )
-from jemeval.cli.commands.sample import sample_from_options, sampling_options
 
 
 @click.command("fidelity", cls=Command)

@@ -5,9 +5,9 @@ import json
 
 import click
 
+from jemeval.cli.options import Command
 from jemeval.components import metric_task
 from jemeval.registry import KINDS
-from jemeval.cli.options import Command
 
 
 def list_components(kind: str | None = None, pattern: str | None = None) -> dict[str, list[dict]]:

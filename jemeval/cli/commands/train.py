@@ -140,6 +140,7 @@ def _check_launch(config, nproc: int) -> None:
     """The one-line errors a worker would hit, raised before any process starts."""
     from pathlib import Path
 
+    from jemeval.cli.options import resolve_device
     from jemeval.runtime.distributed import DistContext
     from jemeval.training.config import load_resume_checkpoint
     from jemeval.training.parallel import (
@@ -149,7 +150,6 @@ def _check_launch(config, nproc: int) -> None:
         check_world,
     )
     from jemeval.training.rundir import check_run_folder
-    from jemeval.cli.options import resolve_device
 
     check_nproc(nproc, resolve_device(config.device))
     check_run_folder(config)
