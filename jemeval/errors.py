@@ -16,7 +16,16 @@ class JemevalError(Exception):
 
 
 class UsageError(JemevalError, ValueError):
-    """A bad argument or option value (exit code 2 on the command line)."""
+    """A bad argument or option value (exit code 2 on the command line).
+
+    ``param`` names the Python parameter the message is about (``UsageError("lr must be > 0, got
+    -1", param="lr")``): the core speaks of parameters, and the command line, which knows which
+    flag fills which parameter, shows ``--lr`` in its place (:func:`jemeval.cli.flag_message`).
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UnknownNameError(UsageError, KeyError):

@@ -66,3 +66,21 @@ def test_robust_on_a_synthetic_set_takes_the_model_shape(digits_classifier_ckpt)
     # constant images are unlabelled: a one-line error, not a missing-input-shape complaint
     assert r.exit_code == 2 and "needs labelled data, and 'constant' is unlabelled" in r.output
     assert "input_shape" not in r.output and "Traceback" not in r.output
+
+
+def test_core_errors_name_parameters_and_the_cli_shows_flags():
+    import click
+
+    from jemeval.cli import flag_message
+    from jemeval.errors import UsageError
+
+    @click.command()
+    @click.option("--sgld-lr", type=float)
+    @click.option("--lr", type=float)
+    def command(sgld_lr, lr):
+        pass
+
+    assert flag_message(UsageError("lr must be > 0, got -1", param="lr"), command) == "--lr must be > 0, got -1"
+    assert flag_message(UsageError("sgld_lr must be finite", param="sgld_lr"), command) == "--sgld-lr must be finite"
+    assert flag_message(UsageError("the sgld_lr is bad", param="lr"), command) == "the sgld_lr is bad"  # whole words
+    assert flag_message(UsageError("no parameter named"), command) == "no parameter named"

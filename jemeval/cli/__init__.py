@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import pkgutil
 import sys
 
@@ -86,7 +87,7 @@ class JemevalGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UsageError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(flag_message(exc, self.get_command(ctx, ctx.invoked_subcommand or ""))) from None
         except JemevalError as exc:
             raise click.ClickException(str(exc)) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
@@ -99,6 +100,23 @@ class JemevalGroup(click.Group):
                 f"unexpected {type(exc).__name__}: {message} (a bug in jemeval or a plugin; "
                 f"set {DEBUG_ENV}=1 for the traceback)"
             ) from None
+
+
+def flag_message(exc: UsageError, command: click.Command | None) -> str:
+    """The error's text with its parameter written as the flag that sets it (``lr`` -> ``--lr``).
+
+    The core names Python parameters (it is also called from Python); only the command line knows
+    its flags. The first whole-word mention of ``exc.param`` is replaced by the option's longest flag.
+    """
+    text = str(exc)
+    param = getattr(exc, "param", None)
+    if not param or command is None:
+        return text
+    for option in command.params:
+        if option.name == param and isinstance(option, click.Option):
+            flag = max(option.opts, key=len)
+            return re.sub(rf"(?<![\w-]){re.escape(param)}(?![\w])", flag, text, count=1)
+    return text
 
 
 @click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
