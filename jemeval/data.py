@@ -1,8 +1,9 @@
-"""Datasets by name and one fast batch loop for every evaluation command.
+"""Datasets by name, one fast batch loop for every evaluation command, and the held-out split.
 
 Every dataset yields ``(x, y)`` with x a float tensor C x H x W in [-1, 1] and y an int (``-1`` for
 unlabelled sets such as ``uniform``). Names are specs (:func:`jemeval.registry.parse_spec`):
 ``digits``, ``digits[0-4]`` (a class subset), ``interp:digits``, ``npz:/path/file.npz``.
+:func:`split_indices` defines the validation split training holds out, which calibration reuses.
 """
 from __future__ import annotations
 
@@ -57,15 +58,16 @@ def check_arrays(x: torch.Tensor, y: torch.Tensor | None, source: str) -> None:
     >= -1 per image. NaN images otherwise pass a min/max range test and evaluate to chance-level
     garbage, and float labels would be truncated (1.7 -> 1) without a word."""
     if not torch.is_tensor(x) or x.dim() < 2 or not x.is_floating_point():
-        what = f"{str(x.dtype).replace('torch.', '')} of shape {tuple(x.shape)}" if torch.is_tensor(x) else type(x).__name__
+        what = (f"{str(x.dtype).replace('torch.', '')} of shape {tuple(x.shape)}" if torch.is_tensor(x)
+                else type(x).__name__)
         raise UsageError(f"{source!r}: images must be a float tensor N x C x H x W in [-1, 1], got {what}")
     bad = ~torch.isfinite(x).flatten(1).all(1)
     if bool(bad.any()):
         raise UsageError(f"{source!r}: {int(bad.sum())} of {len(x)} images hold NaN or inf values (the first is image "
                          f"{int(bad.nonzero()[0])}); images must be finite, in [-1, 1]")
     if len(x) and (float(x.min()) < -1 - RANGE_TOLERANCE or float(x.max()) > 1 + RANGE_TOLERANCE):
-        raise UsageError(f"{source!r}: float images must lie in [-1, 1] (found {float(x.min()):.3g}..{float(x.max()):.3g}); "
-                         "store uint8 0..255 or rescale")
+        found = f"{float(x.min()):.3g}..{float(x.max()):.3g}"
+        raise UsageError(f"{source!r}: float images must lie in [-1, 1] (found {found}); store uint8 0..255 or rescale")
     if y is None:
         return
     y = torch.as_tensor(y)
@@ -147,7 +149,7 @@ def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> 
     ``name`` is the caller's parameter in the error for n <= 0 (``ref_n`` for fidelity's reference).
     """
     if n is not None and n <= 0:
-        raise UsageError(f"{name} must be a positive number of examples, got {n}")
+        raise UsageError(f"{name} must be a positive number of examples, got {n}", param=name)
     if n is None or n >= len(ds):
         return ds
     idx = np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False))
@@ -162,6 +164,24 @@ def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> 
     return sub
 
 
+def default_val_size(n: int) -> int:
+    """The validation split ``jemeval train`` holds out of ``n`` training images: 10%, at most 5000."""
+    return min(5000, n // 10)
+
+
+def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) index arrays, both sorted; a seeded permutation decides.
+
+    The one definition of the held-out split: training carves it out, and calibration finds the
+    same images again from a checkpoint's ``val_size`` and ``split_seed``.
+    """
+    if val_size >= n:
+        raise UsageError(f"val_size {val_size} leaves no training images (the training split has {n}); "
+                         "use a smaller validation split", param="val_size")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+
+
 def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.device = "cpu",
                     num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (x, y) batches on ``device`` in dataset order.
@@ -171,7 +191,8 @@ def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.devi
     device = torch.device(device)
     if isinstance(ds, ArrayDataset):
         for i in range(0, len(ds), batch_size):
-            yield ds.x[i:i + batch_size].to(device, non_blocking=True), ds.y[i:i + batch_size].to(device, non_blocking=True)
+            x, y = ds.x[i:i + batch_size], ds.y[i:i + batch_size]
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         return
     loader = DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         pin_memory=device.type == "cuda")

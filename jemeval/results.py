@@ -18,6 +18,11 @@ import numpy as np
 from jemeval.atomic import write_text_atomic
 
 
+class Artifact:
+    """Marks a data object in :attr:`Result.extra` (images, per-example scores) that stays in memory
+    for Python callers: JSON and CSV output leave it out, and it saves itself (its own methods)."""
+
+
 def _plain(obj: Any) -> Any:
     """Make numpy / torch values JSON-friendly (NaN -> null)."""
     import torch
@@ -41,7 +46,11 @@ def _plain(obj: Any) -> Any:
 
 @dataclass
 class Result:
-    """Records (one dict per row) with their provenance and any extra structured output."""
+    """Records (one dict per row) with their provenance and any extra structured output.
+
+    ``extra`` holds structured output beside the records (written into the JSON result) and
+    :class:`Artifact` objects (kept for Python callers, left out of the JSON).
+    """
 
     records: list[dict[str, Any]]
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -49,7 +58,8 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"records": self.records, **self.extra, "provenance": self.provenance}
+        extra = {k: v for k, v in self.extra.items() if not isinstance(v, Artifact)}
+        out = {"records": self.records, **extra, "provenance": self.provenance}
         if self.notes:
             out["notes"] = self.notes
         return _plain(out)
@@ -81,16 +91,14 @@ class Result:
         table = markdown_table(_plain(self.records), columns, floatfmt)
         prov = json.dumps(_plain(self.provenance), indent=2, sort_keys=True)
         notes = "".join(f"\n> {n}\n" for n in self.notes)
-        return f"{table}\n{notes}\n<details><summary>provenance</summary>\n\n```json\n{prov}\n```\n</details>\n"
+        return (f"{table}\n{notes}\n<details><summary>provenance</summary>\n\n```json\n{prov}\n```\n"
+                "</details>\n")
 
     def save_json(self, path: str | Path) -> Path:
         return write_text_atomic(path, self.to_json() + "\n")
 
     def save_csv(self, path: str | Path, columns: list[str] | None = None) -> Path:
         return write_text_atomic(path, self.to_csv(columns))
-
-    def save_markdown(self, path: str | Path, columns: list[str] | None = None) -> Path:
-        return write_text_atomic(path, self.to_markdown(columns))
 
 
 #: how a missing value (None, NaN) prints in tables and markdown; JSON has null, CSV an empty field
@@ -128,6 +136,6 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None,
     from tabulate import tabulate
 
     columns = table_columns(rows, columns)
-    body = [[None if _missing(row.get(c)) else str(row[c]) if isinstance(row[c], bool) else row[c] for c in columns]
-            for row in rows]
+    body = [[None if _missing(row.get(c)) else str(row[c]) if isinstance(row[c], bool) else row[c]
+             for c in columns] for row in rows]
     return tabulate(body, headers=columns, tablefmt="pipe", floatfmt=floatfmt, missingval=MISSING)

@@ -26,6 +26,7 @@ import torch
 from click.testing import CliRunner
 
 import jemeval
+from jemeval.artifacts import save_ood_scores
 from jemeval.cli import cli
 from jemeval.errors import JemevalError
 
@@ -251,7 +252,7 @@ def test_every_command_checks_its_output_paths():
     (train writes only into its run folder, which the training code guards.)"""
     import click
 
-    from jemeval.cli.options import Command, PathArgument, PathOption
+    from jemeval.cli.paths import Command, PathArgument, PathOption
 
     ctx = click.Context(cli)
     for name in cli.list_commands(ctx):
@@ -264,7 +265,7 @@ def test_every_command_checks_its_output_paths():
                 assert isinstance(param, (PathOption, PathArgument)) and param.role == "output", (name, param.name)
             if param.name in ("model_path", "samples_path", "features", "inception_weights", "path_in"):
                 assert param.role == "input", (name, param.name)
-            if param.name in ("data", "ood", "id_name", "reference"):
+            if param.name in ("data", "ood", "id", "reference"):
                 assert param.role == "dataset", (name, param.name)
 
 
@@ -315,10 +316,10 @@ API_CASES = [
     ("evaluate_ood-typo", lambda: jemeval.evaluate_ood(_model(), ["unifrom"]), "did you mean 'uniform'"),
     ("evaluate_ood-metric-typo", lambda: jemeval.evaluate_ood(_model(), ["uniform"], metrics=["aurok"]),
      "did you mean 'auroc'"),
-    ("evaluate_ood-save-scores-missing-folder",
-     lambda: jemeval.evaluate_ood(_model(), ["uniform"], n=10, save_scores="missing/s.npz"), "does not exist"),
+    ("save_ood_scores-missing-folder",
+     lambda: save_ood_scores(jemeval.evaluate_ood(_model(), ["uniform"], n=10), "missing/s.npz"), "does not exist"),
     ("calibrate-unlabelled", lambda: jemeval.calibrate(_model(), "uniform"), "needs a labelled dataset"),
-    ("calibrate-bins", lambda: jemeval.calibrate(_model(), bins=0), "--bins must be >= 1"),
+    ("calibrate-bins", lambda: jemeval.calibrate(_model(), bins=0), "bins must be >= 1"),
     ("calibrate-metric", lambda: jemeval.calibrate(_model(), metrics=["nope"]), "unknown calibration metric 'nope'"),
     ("evaluate-typo", lambda: jemeval.evaluate(_model(), "digts"), "did you mean 'digits'"),
     ("robust-norm", lambda: jemeval.robust(_model(), norm="l3"), "l3"),

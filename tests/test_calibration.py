@@ -13,6 +13,7 @@ from scipy.optimize import minimize_scalar
 import jemeval
 from jemeval.cli import cli
 from jemeval.errors import UsageError
+from jemeval.plots.calibration import plot_calibration_result
 from jemeval.evaluation.calibration import calibrate, fit_temperature, softmax64
 
 
@@ -93,7 +94,8 @@ def test_fit_temperature_stays_bounded_on_a_perfectly_classified_set():
 
 def test_temperature_scaling_reported_beside_raw(clf, tmp_path):
     plot = tmp_path / "rel.png"
-    result = calibrate(clf, temperature_scaling=True, bins=10, plot=plot, progress=False)
+    result = calibrate(clf, temperature_scaling=True, bins=10, progress=False)
+    plot_calibration_result(result, plot)
     raw, scaled = result.records
     assert raw["calibration"] == "none" and raw["temperature"] == 1.0
     assert scaled["calibration"] == "temperature" and scaled["temperature"] > 0
@@ -163,8 +165,19 @@ def test_cli_usage_errors(digits_classifier_ckpt, args, message):
 def test_missing_dataset_asks_for_data():
     from jemeval import testing
 
-    with pytest.raises(UsageError, match="--data DATASET"):
+    with pytest.raises(UsageError, match="give data=DATASET") as info:
         calibrate(testing.tiny_model(input_shape=(1, 8, 8)), progress=False)
+    assert info.value.param == "data"
+
+
+def test_old_sigma_and_plot_keywords_still_work(clf, tmp_path):
+    with pytest.warns(DeprecationWarning) as caught:
+        old = calibrate(clf, n=60, sigma=0.05, plot=tmp_path / "r.png", progress=False)
+    assert sorted(str(w.message).split(":")[0] for w in caught) == ["calibrate(plot=...)", "calibrate()"]
+    assert "'sigma' is now 'input_sigma'" in str(caught[0].message)
+    new = calibrate(clf, n=60, input_sigma=0.05, progress=False)
+    assert old.records == new.records and old.provenance["settings"]["sigma"] == 0.05
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_temperature_fitted_on_the_trainers_held_out_split(digits_classifier_ckpt):
@@ -174,3 +187,9 @@ def test_temperature_fitted_on_the_trainers_held_out_split(digits_classifier_ckp
     validation = result.provenance["settings"]["validation"]
     assert validation["n"] == 150 and "held out" in validation["source"]
     assert not result.notes
+    # the very images the trainer held out: the one split definition, shared with training
+    from jemeval.data import split_indices
+    from jemeval.training.splits import split_indices as training_split_indices
+
+    assert training_split_indices is split_indices
+    assert len(split_indices(1347, 150, 1234)[1]) == 150

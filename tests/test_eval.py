@@ -34,8 +34,9 @@ def test_accuracy_and_nll_match_torch(clf):
 
 def test_sigma_noise_is_explicit_seeded_and_recorded(clf):
     ds = jemeval.load_dataset("digits", "test")
-    a = evaluate(clf, sigma=0.5, seed=7, progress=False)
-    b = evaluate(clf, sigma=0.5, seed=7, progress=False)
+    a = evaluate(clf, input_sigma=0.5, seed=7, progress=False)
+    with pytest.warns(DeprecationWarning, match="'sigma' is now 'input_sigma'"):
+        b = evaluate(clf, sigma=0.5, seed=7, progress=False)  # the old name, for one release
     assert a.records[0]["nll"] == b.records[0]["nll"]
     noisy = ds.x + 0.5 * torch.randn(ds.x.shape, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
@@ -47,7 +48,12 @@ def test_sigma_noise_is_explicit_seeded_and_recorded(clf):
 
 def test_refinement_rows_and_identity_refinement(clf):
     # zero step size and zero noise: SGLD leaves inputs unchanged, so K = 2 must equal K = 0
-    result = evaluate(clf, refine_steps=[0, 2], chains=2, step_size=0.0, noise=0.0, n=64, progress=False)
+    result = evaluate(clf, refine_steps=[0, 2], chains=2, sgld_step_size=0.0, sgld_noise=0.0, n=64, progress=False)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = evaluate(clf, refine_steps=[0, 2], chains=2, step_size=0.0, noise=0.0, n=64, progress=False)
+    assert {str(w.message).split(" (")[0] for w in caught} == {
+        "evaluate(): the keyword 'step_size' is now 'sgld_step_size'", "evaluate(): the keyword 'noise' is now 'sgld_noise'"}
+    assert old.records == result.records
     plain, refined = result.records
     assert (plain["refine_steps"], refined["refine_steps"]) == (0, 2)
     assert refined["accuracy"] == plain["accuracy"]
@@ -71,7 +77,7 @@ def test_cli_json_and_errors(digits_classifier_ckpt):
     assert json.loads(r.stdout)["records"][0]["n"] == 50
     for args, message in [
         (["--refine-steps", "a"], "--refine-steps must be comma-separated integers"),
-        (["--refine-steps", "-1"], "--refine-steps must be >= 0"),
+        (["--refine-steps", "-1"], "--refine-steps must be integers >= 0"),
         (["--data", "uniform"], "unlabelled"),
         (["--chains", "0"], "--chains must be >= 1"),
     ]:

@@ -89,8 +89,8 @@ def test_feature_fd_separates_real_from_noise(digits_classifier_ckpt):
 
 def test_fidelity_records_which_samples_were_scored(digits_classifier_ckpt, tmp_path):
     s = sample(digits_classifier_ckpt, classes="all", n=2, steps=3, top_confident=50, progress=False)
-    npz = s.save_npz(tmp_path / "s.npz")
-    for given in (s, npz):
+    npz = s.samples.save_npz(tmp_path / "s.npz")
+    for given in (s, s.samples, npz):
         res = fidelity(given, features=[digits_classifier_ckpt], ref_n=100)  # reference: the model's dataset
         settings = res.provenance["settings"]
         assert settings["samples"]["generation"]["top_confident"] == 50
@@ -104,8 +104,9 @@ def test_fidelity_records_which_samples_were_scored(digits_classifier_ckpt, tmp_
 
 def test_missing_inception_weights_is_one_clear_line(digits_classifier_ckpt, tmp_path, monkeypatch):
     monkeypatch.delenv(fid_mod.WEIGHTS_ENV, raising=False)
-    with pytest.raises(UsageError, match="--inception-weights"):
+    with pytest.raises(UsageError, match="give it as inception_weights") as info:
         fidelity(torch.zeros(4, 1, 8, 8), "digits")
+    assert info.value.param == "inception_weights"
     runner = CliRunner()
     res = runner.invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--n", "2", "--steps", "1"])
     assert res.exit_code == 2
@@ -143,7 +144,7 @@ def test_uint8_rgb_conversion():
 def test_metric_list_errors():
     with pytest.raises(UsageError, match="unknown metric 'fdi'.*'fid'"):
         fidelity(torch.zeros(4, 1, 8, 8), "digits", metrics="fdi")
-    with pytest.raises(UsageError, match="needs --features"):
+    with pytest.raises(UsageError, match="needs features"):
         fidelity(torch.zeros(4, 1, 8, 8), "digits", metrics="fd")
 
 

@@ -12,10 +12,12 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 import jemeval
 from jemeval import testing
+from jemeval.artifacts import save_ood_scores
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
 from jemeval.evaluation.ood import OODScores, evaluate_ood
+from jemeval.plots.ood import plot_ood_result
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +99,10 @@ def test_sigma_noise_is_seeded_and_recorded(clf, digits_test):
 @pytest.fixture(scope="module")
 def ood_run(clf, tmp_path_factory):
     d = tmp_path_factory.mktemp("ood")
-    result = evaluate_ood(clf, ["uniform", "constant", "interp"], n=200, seed=1, sigma=0.01, bootstrap=20,
-                          save_scores=d / "scores.npz", plot=d / "hist.png", progress=False)
+    result = evaluate_ood(clf, ["uniform", "constant", "interp"], n=200, seed=1, input_sigma=0.01, bootstrap=20,
+                          progress=False)
+    save_ood_scores(result, d / "scores.npz")
+    plot_ood_result(result, d / "hist.png")
     return result, d
 
 
@@ -140,6 +144,35 @@ def test_histogram_png_written(ood_run):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_the_scores_come_back_as_data_not_in_the_json(ood_run):
+    result, d = ood_run
+    scores = result.extra["scores"]
+    assert isinstance(scores, OODScores) and scores.ood_names == ["uniform", "constant", "interp:digits"]
+    assert len(scores.id_scores["logpx"]) == 200
+    assert "scores" not in result.to_dict() and "scores" not in json.loads(result.to_json())
+    with np.load(d / "scores.npz") as f:
+        np.testing.assert_array_equal(f["ood/uniform/gradnorm"], scores.ood_scores["uniform"]["gradnorm"])
+
+
+def test_old_keywords_still_work_with_a_warning(clf, tmp_path):
+    """sigma= (now input_sigma), save_scores= and plot= keep working for one release: same numbers,
+    same files as the new API and its presentation helpers write."""
+    new = evaluate_ood(clf, "uniform", scores="logpx", n=40, input_sigma=0.05, progress=False)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = evaluate_ood(clf, "uniform", scores="logpx", n=40, sigma=0.05, save_scores=tmp_path / "s.npz",
+                           plot=tmp_path / "h.png", progress=False)
+    messages = [str(w.message) for w in caught]
+    assert any("'sigma' is now 'input_sigma'" in m for m in messages)
+    assert any("save_ood_scores(result, path)" in m for m in messages)
+    assert any("plot_ood_result(result, path)" in m for m in messages)
+    assert old.records == new.records and old.provenance["settings"] == new.provenance["settings"]
+    assert OODScores.load_npz(tmp_path / "s.npz").id_scores["logpx"].tolist() == new.extra["scores"].id_scores[
+        "logpx"].tolist()
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(TypeError, match="give only 'input_sigma'"):
+        evaluate_ood(clf, "uniform", sigma=0.1, input_sigma=0.1, progress=False)
+
+
 def test_plugin_score_and_metric_work_everywhere(clf, tmp_path):
     class Plugin:
         @jemeval.hookimpl
@@ -163,14 +196,14 @@ def test_plugin_score_and_metric_work_everywhere(clf, tmp_path):
     with testing.registered_plugin(Plugin(), name="test-ood-plugin"):
         default = evaluate_ood(clf, ["uniform"], scores=["test-negentropy", "logpx"], n=64, progress=False)
         named = evaluate_ood(clf, ["uniform"], scores=["logpx"], n=64, progress=False,
-                             metrics=["auroc", "test-median-gap"], save_scores=tmp_path / "s.npz")
+                             metrics=["auroc", "test-median-gap"])
     assert [r["score"] for r in default.records] == ["test-negentropy", "logpx"]
     assert 0 <= default.records[0]["auroc"] <= 1
     # an installed plugin's metric does not change the default output; it is reported when named
     assert list(default.records[0]) == ["score", "id", "ood", "auroc", "aupr_in", "aupr_out", "fpr95", "n_id", "n_ood"]
     assert list(named.records[0]) == ["score", "id", "ood", "auroc", "test-median-gap", "n_id", "n_ood"]
-    saved = np.load(tmp_path / "s.npz")
-    expected = np.median(saved["id/logpx"]) - np.median(saved["ood/uniform/logpx"])
+    scores = named.extra["scores"]
+    expected = np.median(scores.id_scores["logpx"]) - np.median(scores.ood_scores["uniform"]["logpx"])
     assert named.records[0]["test-median-gap"] == pytest.approx(expected)
 
 
@@ -208,8 +241,9 @@ def test_cli_usage_errors_are_one_line(digits_classifier_ckpt, args, message):
 
 def test_missing_training_dataset_asks_for_id():
     model = testing.tiny_model(input_shape=(1, 8, 8))
-    with pytest.raises(UsageError, match="--id DATASET"):
+    with pytest.raises(UsageError, match="give id=DATASET") as info:
         evaluate_ood(model, ["uniform"], progress=False)
+    assert info.value.param == "id"  # the command line shows it as --id
     result = evaluate_ood(model, ["uniform", "interp"], id="digits[0-2]", n=30, scores=["maxprob"], progress=False)
     assert [r["ood"] for r in result.records] == ["uniform", "interp:digits[0-2]"]
     assert result.records[0]["id"] == "digits[0-2]" and result.records[0]["n_id"] == 30
@@ -250,3 +284,20 @@ def test_energy_temperature_must_be_positive_and_finite(digits_classifier_ckpt, 
     logits = torch.randn(5, 3)
     ref = 2.0 * torch.logsumexp(logits / 2.0, dim=1)  # T * logsumexp(f / T), by hand
     assert torch.allclose(resolve_scores(["energy:T=2"])[0].on_batch(None, None, logits), ref)
+
+
+def test_cli_writes_the_scores_the_plot_and_the_json(digits_classifier_ckpt, tmp_path):
+    """The command line does the writing the evaluation no longer does: the same .npz and JSON as the
+    Python API's result and its save helpers give."""
+    npz, png, out = tmp_path / "s.npz", tmp_path / "h.png", tmp_path / "r.json"
+    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", "logpx", "--n", 30,
+            "--sigma", 0.02, "--save-scores", npz, "--plot", png, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"records", "provenance", "notes"} and data["provenance"]["settings"]["sigma"] == 0.02
+    api = evaluate_ood(digits_classifier_ckpt, "uniform", scores="logpx", n=30, input_sigma=0.02, progress=False)
+    assert data["records"] == json.loads(api.to_json())["records"]
+    with np.load(npz) as f:
+        np.testing.assert_array_equal(f["ood/uniform/logpx"], api.extra["scores"].ood_scores["uniform"]["logpx"])
+        assert json.loads(str(f["provenance"]))["settings"] == data["provenance"]["settings"]
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -72,7 +72,7 @@ class Spy:
 def test_the_attacked_model_and_the_recheck(digits_classifier_ckpt):
     spy = Spy()
     result = robust(digits_classifier_ckpt, norm="linf", refine_steps=[0, 2], attacks=[spy], epsilons=[0, 0.1],
-                    grad_mode=["full", "bpda"], chains=3, sigma=0.01, n=25, batch_size=10, progress=False)
+                    grad_mode=["full", "bpda"], chains=3, chain_sigma=0.01, n=25, batch_size=10, progress=False)
     # batches of 10, 10, 5 per run; K=0 once, K=2 once per mode
     assert [(c["steps"], c["grad_mode"], c["n"]) for c in spy.calls] == (
         [(0, "full", 10), (0, "full", 10), (0, "full", 5)]
@@ -168,16 +168,17 @@ def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_
     assert len(out["confidences"]) == 8 and out["targets_per_image"] == [3] * 4 + [8] * 4
     assert out["provenance"]["settings"]["refinement"]["refine_steps"] == 0
     assert grid.read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(UsageError, match="--target 10 is not a class of this model: use 0..9"):
+    with pytest.raises(UsageError, match="^target 10 is not a class of this model: use 0..9$") as info:
         distal(digits_classifier_ckpt, 10)
+    assert info.value.param == "target"
 
 
 def test_progress_moves_inside_a_long_attack_call(digits_classifier_ckpt, capsys, monkeypatch):
     """robust's bar names the run and shows the attacked model's forward passes while one attack
     call runs (a batch of PGD through refinement takes minutes); results are unchanged by it."""
-    from jemeval.evaluation import robustness
+    from jemeval.evaluation import attack_loop
 
-    monkeypatch.setattr(robustness, "PROGRESS_REFRESH_S", 0.0)
+    monkeypatch.setattr(attack_loop, "PROGRESS_REFRESH_S", 0.0)
     kwargs = {"norm": "linf", "refine_steps": [0, 1], "epsilons": [0.0, 0.1], "n": 8, "steps": 3, "chains": 2,
               "batch_size": 4, "device": "cpu", "seed": 3}
     shown = robust(digits_classifier_ckpt, progress=True, **kwargs)
@@ -194,3 +195,60 @@ def test_distal_progress_counts_its_steps(digits_classifier_ckpt, capsys):
     distal(digits_classifier_ckpt, 1, n=2, steps=5, device="cpu", progress=True)
     err = capsys.readouterr().err
     assert "distal" in err and "5/5" in err
+
+
+class Recorder:
+    """A progress of one's own (no tqdm): records what the computation reports."""
+
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, total, desc, *, unit="it", leave=False):
+        from jemeval.progress import ProgressBar
+
+        events = self.events
+        events.append(("open", desc, total, unit))
+
+        class Bar(ProgressBar):
+            def update(self, n=1):
+                events.append(("update", n))
+
+            def describe(self, text):
+                events.append(("describe", text))
+
+            def close(self):
+                events.append(("close",))
+
+        return Bar()
+
+
+def test_a_progress_callable_receives_every_step(digits_classifier_ckpt, capsys):
+    rec = Recorder()
+    robust(digits_classifier_ckpt, norm="l2", refine_steps=[0, 1], epsilons=[0.0, 1.0], n=6, steps=2, chains=2,
+           batch_size=4, progress=rec)
+    assert capsys.readouterr().err == ""  # nothing drawn: the caller's progress decides
+    opened = [e for e in rec.events if e[0] == "open"]
+    assert opened == [("open", "robust", (2 + 2) * 2, "batch")]  # (2 K clean + 2 runs) x 2 batches
+    assert sum(e[1] for e in rec.events if e[0] == "update") == 8 and rec.events[-1] == ("close",)
+    assert [e[1] for e in rec.events if e[0] == "describe"] == [
+        "robust: clean K=0", "robust: clean K=1", "robust: pgd K=0 full", "robust: pgd K=1 full"]
+    rec = Recorder()
+    distal(digits_classifier_ckpt, 2, n=2, steps=3, progress=rec)
+    assert rec.events[0] == ("open", "distal", 3, "it") and rec.events.count(("update", 1)) == 3
+
+
+def test_old_robust_and_distal_keywords_still_work(digits_classifier_ckpt, tmp_path):
+    kwargs = {"norm": "l2", "epsilons": [0.0, 1.0], "n": 8, "steps": 2, "chains": 2, "progress": False}
+    new = robust(digits_classifier_ckpt, chain_sigma=0.01, data_root=str(tmp_path), **kwargs)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = robust(digits_classifier_ckpt, sigma=0.01, root=str(tmp_path), plot=tmp_path / "r.png", **kwargs)
+    assert {str(w.message).split(" (")[0] for w in caught} >= {
+        "robust(): the keyword 'sigma' is now 'chain_sigma'", "robust(): the keyword 'root' is now 'data_root'"}
+    assert [r["robust_accuracy"] for r in old.records] == [r["robust_accuracy"] for r in new.records]
+    assert old.records[0]["sigma"] == 0.01 and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.warns(DeprecationWarning) as caught:
+        res = distal(digits_classifier_ckpt, targets=[1], n=2, steps=2, sigma=0.0, grid=tmp_path / "d.png",
+                     progress=False)
+    assert len(caught) == 3 and "'targets' is now 'target'" in str(caught[0].message)
+    assert res.records[0]["target"] == 1 and (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+    assert tuple(res.extra["images"].x.shape) == (2, 1, 8, 8) and "images" not in res.to_dict()

@@ -1,239 +1,32 @@
-"""Reusable option bundles, the files a command reads and writes, and output handling.
+"""Reusable option bundles of the commands, and parsers of option values.
 
-``@output_options`` gives every command the same ``--json`` / ``--csv FILE`` / ``--markdown`` /
-``--out FILE.json``; ``emit(result, **output)`` prints the table (or JSON) on stdout and writes the
-requested files atomically. Progress bars and messages go to stderr, so ``--json`` stays clean.
-
-The output rule: ``--out`` names a command's main product (the JSON result of an evaluation, the
-PNG grid of ``sample``, the run folder of ``train``; ``convert`` writes its checkpoint to the
-positional OUT); every extra file has its own named option (``--result``, ``--csv``, ``--plot``,
-``--grid``, ``--save``, ``--save-scores``).
-
-Files: options made with :func:`output_path_option`, :func:`input_path_option` and
-:func:`dataset_option` (and :func:`model_option`) carry their role, and :class:`Command` checks
-every output against every input before the command runs (:func:`check_paths`): no command may
-write over a file it reads, two outputs may not name one file, and no output folder is created.
+The files a command reads and writes are in :mod:`jemeval.cli.paths`, printing and saving results
+in :mod:`jemeval.cli.output`. Each option's destination is the name of the Python parameter it
+fills (``--sigma`` fills ``input_sigma``), so an error the core raises about that parameter is
+shown with the flag (:func:`jemeval.cli.flag_message`).
 """
 from __future__ import annotations
 
-import functools
-import os
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from jemeval.errors import JemevalError, UsageError
+from jemeval.cli.output import emit, output_options
+from jemeval.cli.paths import Command, PathArgument, PathOption, dataset_option, input_path_option, output_path_option
+from jemeval.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
 
-#: help of the JSON result option: the main product (--out) of an evaluation, or an extra file (--result)
-RESULT_HELP = {"--out": "Write the full JSON result (records + provenance) to FILE, this command's main product.",
-               "--result": "Also write the full JSON result (records + provenance) to FILE."}
-
-
-# -- the files a command reads and writes -----------------------------------------------------
-class _PathRole:
-    """A click parameter that names files: ``role`` is "output", "input" or "dataset" (a list of
-    dataset specs whose npz:FILE / folder:DIR parts are inputs). ``what`` describes an input in
-    messages ("the input checkpoint"); ``suffix`` is the extension an output must have."""
-
-    def __init__(self, *args, role: str, what: str | None = None, suffix: str | None = None, **kwargs):
-        self.role, self.what, self.suffix = role, what, suffix
-        super().__init__(*args, **kwargs)
-
-    @property
-    def label(self) -> str:
-        """How the user typed it: '--out' for an option, 'OUT' for an argument."""
-        return self.opts[0] if isinstance(self, click.Option) else (self.metavar or self.name.upper())
-
-
-class PathOption(_PathRole, click.Option):
-    pass
-
-
-class PathArgument(_PathRole, click.Argument):
-    pass
-
-
-class Command(click.Command):
-    """Every jemeval command: its file options are checked (:func:`check_paths`) before it runs."""
-
-    def invoke(self, ctx: click.Context):
-        check_paths(ctx)
-        return super().invoke(ctx)
-
-
-def output_path_option(*decls: str, suffix: str | None = None, **kwargs):
-    """An option naming a file the command writes (checked by :func:`check_paths`)."""
-    return click.option(*decls, cls=PathOption, role="output", suffix=suffix,
-                        type=click.Path(dir_okay=False), **kwargs)
-
-
-def input_path_option(*decls: str, what: str, **kwargs):
-    """An option naming a file the command reads; ``what`` names it in messages ("the samples file")."""
-    kwargs.setdefault("type", click.Path())
-    return click.option(*decls, cls=PathOption, role="input", what=what, **kwargs)
-
-
-def dataset_option(*decls: str, **kwargs):
-    """An option naming datasets (a spec or a comma list); their npz:/folder: files are inputs."""
-    return click.option(*decls, cls=PathOption, role="dataset", what="a dataset read", **kwargs)
-
-
-def check_paths(ctx: click.Context) -> None:
-    """Refuse, before any work, a bad output path: a wrong extension, a missing folder, a file the
-    command reads (same path after following symlinks, or the same inode), or another output's file."""
-    params = [p for p in ctx.command.params if isinstance(p, _PathRole)]
-    outputs = [(p, value) for p in params if p.role == "output" for value in _values(ctx.params.get(p.name))]
-    if not outputs:
-        return
-    inputs = list(_input_paths(ctx, params))
-    done: list[tuple[str, str]] = []
-    for param, path in outputs:
-        label = param.label
-        if param.suffix and Path(path).suffix.lower() != param.suffix:
-            raise UsageError(f"{label} must be a {param.suffix} file, got {path!r}")
-        _check_folder(label, path)
-        for what, in_label, in_path in inputs:
-            if same_file(path, in_path) or _inside(path, in_path):
-                where = "inside " if _inside(path, in_path) else ""
-                raise UsageError(f"{label} {path!r} is {where}{what} ({in_label}); choose another output path")
-        for other_label, other in done:
-            if same_file(path, other):
-                raise UsageError(f"{label} {path!r} is also {other_label}; give each output its own file")
-        done.append((label, path))
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """True when ``a`` and ``b`` name one file: the same inode, or the same path once symlinks are followed."""
-    try:
-        if os.path.samefile(a, b):
-            return True
-    except (OSError, ValueError):  # one of them does not exist (yet)
-        pass
-    return Path(a).resolve() == Path(b).resolve()
-
-
-def _inside(path: str, folder: str | os.PathLike) -> bool:
-    """True when ``path`` lies inside the folder ``folder`` (writing there changes a folder dataset)."""
-    return Path(folder).is_dir() and Path(folder).resolve() in Path(path).resolve().parents
-
-
-def _check_folder(label: str, path: str) -> None:
-    folder = Path(path).parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise UsageError(f"{label} {path!r}: folder {str(folder)!r} {what}; create it first or choose another output path")
-
-
-def _values(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
-
-
-def _input_paths(ctx: click.Context, params: list[_PathRole]) -> Iterator[tuple[str, str, Path]]:
-    """(description, option, path) for every file the command reads, the model's default dataset included."""
-    models = []
-    for p in params:
-        for value in _values(ctx.params.get(p.name)):
-            if p.role == "input":
-                yield p.what, p.label, Path(value)
-                if p.name == "model_path":
-                    models.append(value)
-            elif p.role == "dataset":
-                for spec in split_list(value, p.label) if value.strip() else []:
-                    yield from ((f"the {_kind(f)} of dataset {spec!r}", p.label, f) for f in dataset_files(spec))
-    defaulted = [p for p in params if p.role == "dataset" and ctx.params.get(p.name) is None]
-    for model in models if defaulted else []:
-        spec = checkpoint_dataset(model)
-        for f in dataset_files(spec) if spec else []:
-            yield (f"the {_kind(f)} of dataset {spec!r}, the model's training set read by default",
-                   defaulted[0].label, f)
-
-
-def _kind(path: Path) -> str:
-    return "folder" if path.is_dir() else "file"
-
-
-def dataset_files(spec: str) -> list[Path]:
-    """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE, ...)."""
-    from jemeval.registry import parse_spec
-
-    try:
-        parsed = parse_spec(spec)
-    except JemevalError:  # a malformed spec: the command reports it itself
-        return []
-    found = []
-    for text in [parsed.variant, *parsed.options.values()]:
-        if not isinstance(text, str) or not text:
-            continue
-        if Path(text).expanduser().exists():
-            found.append(Path(text).expanduser())
-        elif ":" in text:
-            found.extend(dataset_files(text))
-    return found
-
-
-def checkpoint_dataset(path: str) -> str | None:
-    """The dataset a checkpoint records, read lazily (memory-mapped, tensors only); None when unreadable."""
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - not a zip checkpoint, missing, refused: the real load says why
-        return None
-    dataset = ckpt.get("dataset") if isinstance(ckpt, dict) else None
-    return dataset if isinstance(dataset, str) else None
-
-
-# -- printing and saving results --------------------------------------------------------------
-def output_options(fn=None, *, result_flag: str = "--out", result_help: str | None = None):
-    """--json, --csv FILE, --markdown and the JSON result file (``result_flag``: --out, or --result
-    where the command's main product is another file). Usable as ``@output_options`` or
-    ``@output_options(result_flag="--result")``."""
-    def deco(fn):
-        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (records + provenance) on stdout.")
-        @output_path_option("--csv", "csv_path", metavar="FILE", help="Also write the records as CSV (provenance in '# ' comment lines).")
-        @click.option("--markdown", "as_markdown", is_flag=True, help="Print a markdown table (with provenance) instead of the plain table.")
-        @output_path_option(result_flag, "out_path", metavar="FILE", help=result_help or RESULT_HELP[result_flag])
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    return deco(fn) if fn is not None else deco
-
-
-def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=None, columns=None, title=None):
-    """Print a :class:`~jemeval.results.Result` and save the requested files."""
-    if out_path:
-        result.save_json(out_path)
-        click.echo(f"wrote {out_path}", err=True)
-    if csv_path:
-        result.save_csv(csv_path, columns)
-        click.echo(f"wrote {csv_path}", err=True)
-    if as_json:
-        click.echo(result.to_json())
-        return
-    if as_markdown:
-        click.echo(result.to_markdown(columns))
-        return
-    if title:
-        click.echo(title)
-    click.echo(result.table(columns))
-    for note in result.notes:
-        click.echo(f"note: {note}")
+#: names plugins written against jemeval 0.1 import from here (they are defined in paths and output)
+__all__ = ["Command", "PathArgument", "PathOption", "dataset_option", "emit", "input_path_option", "output_options",
+           "output_path_option"]
 
 
 def sigma_option(fn):
-    """--sigma: the evaluation input noise, an explicit and recorded setting (README.md, Conventions)."""
+    """--sigma: the evaluation input noise (``input_sigma``), an explicit and recorded setting."""
     return click.option(
-        "--sigma", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+        "--sigma", "input_sigma", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
         help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: "
              "pass --sigma 0.03 to reproduce it).")(fn)
 
@@ -257,7 +50,8 @@ def seed_option(default=0):
 
 def data_options(fn):
     """--data-root and --download for commands that read datasets."""
-    fn = click.option("--download", is_flag=True, help="Download torchvision datasets that are missing (needs internet).")(fn)
+    fn = click.option("--download", is_flag=True,
+                      help="Download torchvision datasets that are missing (needs internet).")(fn)
     fn = click.option("--data-root", type=click.Path(file_okay=False), default=None,
                       help="Folder holding datasets (default: $JEMEVAL_DATA_ROOT or ~/.cache/jemeval/datasets).")(fn)
     return fn
@@ -286,7 +80,8 @@ def parse_floats(value: str, what: str) -> list[float]:
     try:
         return [float(eval_fraction(v)) for v in split_list(value, what)]
     except (ValueError, ZeroDivisionError):
-        raise UsageError(f"{what} must be comma-separated numbers (fractions like 8/255 are fine), got {value!r}") from None
+        raise UsageError(f"{what} must be comma-separated numbers (fractions like 8/255 are fine), "
+                         f"got {value!r}") from None
 
 
 def eval_fraction(text: str) -> float:

@@ -4,9 +4,9 @@
 steps K. K = 0 classifies the inputs as they are; K > 0 wraps the model in
 :class:`jemeval.sampling.refinement.RefinedClassifier` (each input duplicated into ``chains`` copies, each
 copy noised by ``chain_sigma`` and moved K SGLD steps up log p~(x), logits averaged over the
-chains). ``sigma`` is the evaluation input noise applied once per input by the shared batch loop
-before anything else (the JEM release used 0.03), so K = 0 with chains is not needed to reproduce
-plain noisy evaluation.
+chains). ``input_sigma`` is the evaluation input noise applied once per input by the shared batch
+loop before anything else (the JEM release used 0.03), so K = 0 with chains is not needed to
+reproduce plain noisy evaluation.
 """
 from __future__ import annotations
 
@@ -18,89 +18,90 @@ import numpy as np
 import torch
 
 from jemeval.data import load_dataset, subsample
+from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
+    BatchOutputs,
     check_input_shape,
+    check_input_sigma,
+    check_min,
+    check_refine_steps,
     prepare_model,
     run_batches,
     training_dataset,
 )
 from jemeval.evaluation.calibration import softmax64
 from jemeval.evaluation.metrics import nll as nll_metric
+from jemeval.progress import ProgressArg
+from jemeval.provenance import provenance
 from jemeval.results import Result
 
 
+@deprecated_keywords(renamed={"sigma": "input_sigma", "step_size": "sgld_step_size", "noise": "sgld_noise"})
 def evaluate(
     model,
     data: str | None = None,
     *,
     split: str = "test",
     n: int | None = None,
-    sigma: float = 0.0,
+    input_sigma: float = 0.0,
     seed: int = 0,
     refine_steps: int | Sequence[int] = 0,
     chains: int = 5,
     chain_sigma: float = 0.0,
-    step_size: float | None = None,
-    noise: float | None = None,
+    sgld_step_size: float | None = None,
+    sgld_noise: float | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str | torch.device | None = None,
     data_root: str | Path | None = None,
     download: bool = False,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
 ) -> Result:
     """Accuracy and NLL of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the
     model's training dataset, test split), one record per number of refinement steps.
 
     Refinement SGLD settings default to those recorded in the checkpoint's training config (else
-    JEM's: step size 1.0, noise 0.01); ``step_size``/``noise`` override them. Every setting is
-    recorded in the provenance (``settings.refinement``, per K).
+    JEM's: step size 1.0, noise 0.01); ``sgld_step_size``/``sgld_noise`` override them. Every
+    setting is recorded in the provenance (``settings.refinement``, per K).
     """
-    from jemeval.provenance import provenance
-
-    steps_list = [int(refine_steps)] if isinstance(refine_steps, (int, np.integer)) else [int(k) for k in refine_steps]
-    if not steps_list:
-        raise UsageError("give at least one number of refinement steps, e.g. --refine-steps 0,1,10")
-    if any(k < 0 for k in steps_list):
-        raise UsageError(f"--refine-steps must be >= 0, got {steps_list}")
-    if chains < 1:
-        raise UsageError(f"--chains must be >= 1, got {chains}")
-    if chain_sigma < 0:
-        raise UsageError(f"--chain-sigma must be >= 0, got {chain_sigma}")
+    steps_list = check_refine_steps(refine_steps)
+    check_min("chains", chains, 1)
+    check_min("chain_sigma", chain_sigma, 0)
+    check_input_sigma(input_sigma)
     model = prepare_model(model, device)
-    data = data or training_dataset(model, option="--data")
+    data = data or training_dataset(model, param="data")
     ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, ds, data)
 
     records: list[dict[str, Any]] = []
     refinement_settings: dict[str, Any] = {}
     for k in steps_list:
-        classifier, settings = _classifier(model, k, chains=chains, chain_sigma=chain_sigma, step_size=step_size,
-                                           noise=noise, seed=seed)
-        out = run_batches(classifier, ds, sigma=sigma, seed=seed, batch_size=batch_size, progress=progress,
+        classifier, settings = _classifier(model, k, chains=chains, chain_sigma=chain_sigma, step_size=sgld_step_size,
+                                           noise=sgld_noise, seed=seed)
+        out = run_batches(classifier, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
                           desc=f"eval {data}" + (f" (K={k})" if k else ""))
-        if (out.labels < 0).any():
-            raise UsageError(f"dataset {data!r} is unlabelled; accuracy needs labels (e.g. --data digits)")
-        if out.labels.max() >= out.logits.shape[1]:
-            raise UsageError(f"dataset {data!r} has label {int(out.labels.max())} but the model has "
-                             f"{out.logits.shape[1]} classes")
-        probs = softmax64(out.logits)
-        record = {
-            "data": data, "split": split, "refine_steps": k,
-            "accuracy": float(np.mean(probs.argmax(axis=1) == out.labels)),
-            "nll": nll_metric(probs, out.labels),
-            "n": len(out.labels),
-            "sigma": float(sigma),
-        }
-        records.append(record)
+        records.append({"data": data, "split": split, "refine_steps": k, **accuracy_and_nll(out, data),
+                        "sigma": float(input_sigma)})
         refinement_settings[str(k)] = settings
     prov = provenance(command="eval", model=model, device=model.device, seed=seed, settings={
-        "data": data, "split": split, "n": n, "sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None,
-        "seed": int(seed), "batch_size": int(batch_size), "refine_steps": steps_list, "refinement": refinement_settings,
-        "dataset_info": getattr(ds, "info", None),
+        "data": data, "split": split, "n": n, "sigma": float(input_sigma),
+        "noise_seed": int(seed) if input_sigma > 0 else None, "seed": int(seed), "batch_size": int(batch_size),
+        "refine_steps": steps_list, "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
     })
     return Result(records, prov)
+
+
+def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:
+    """accuracy, nll and n of one pass over a labelled dataset."""
+    if (out.labels < 0).any():
+        raise UsageError(f"dataset {data!r} is unlabelled; accuracy needs labels (e.g. data=digits)", param="data")
+    if out.labels.max() >= out.logits.shape[1]:
+        raise UsageError(f"dataset {data!r} has label {int(out.labels.max())} but the model has "
+                         f"{out.logits.shape[1]} classes")
+    probs = softmax64(out.logits)
+    return {"accuracy": float(np.mean(probs.argmax(axis=1) == out.labels)), "nll": nll_metric(probs, out.labels),
+            "n": len(out.labels)}
 
 
 def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size, noise, seed: int):

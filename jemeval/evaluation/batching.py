@@ -8,12 +8,12 @@ batch. The evaluation input noise ``sigma`` is applied once per batch from a see
 the logits and every score see the *same* noisy inputs, and the numbers are reproducible.
 
 Results stay on the device until the loop ends (no per-batch host copies or ``.item()``) and come
-back as numpy arrays.
+back as numpy arrays. The module also holds what every evaluation function checks the same way: the
+model (:func:`prepare_model`), its training dataset, input shapes and numeric arguments.
 """
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from jemeval.data import iterate_batches
 from jemeval.errors import JemevalError, UsageError
+from jemeval.progress import ProgressArg, progress_bar
 from jemeval.registry import check_options, parse_spec
 from jemeval.runtime.devices import resolve_device
 from jemeval.sampling.sgld import frozen
@@ -99,7 +100,8 @@ def _check_score(label: str, value: torch.Tensor, n: int) -> torch.Tensor:
     if value.shape != (n,):
         value = value.reshape(-1) if value.numel() == n else value
         if value.shape != (n,):
-            raise JemevalError(f"score {label!r} returned shape {tuple(value.shape)} for a batch of {n}; a score returns one value per example")
+            raise JemevalError(f"score {label!r} returned shape {tuple(value.shape)} for a batch of {n}; "
+                               "a score returns one value per example")
     return value
 
 
@@ -113,65 +115,88 @@ def run_batches(
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str | torch.device | None = None,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
     desc: str | None = None,
 ) -> BatchOutputs:
     """One pass over ``dataset``: logits once per batch, every score from that batch.
 
-    ``sigma`` > 0 adds N(0, sigma^2) noise to every input (the JEM release used 0.03 at evaluation)
-    from a generator seeded with ``seed`` on the model's device, before the logits and all scores
-    are computed. The network runs in eval mode with frozen parameters; gradient scores still get
-    input gradients (they enable grad themselves).
+    ``sigma`` > 0 adds N(0, sigma^2) noise to every input (the evaluation input noise; the JEM
+    release used 0.03) from a generator seeded with ``seed`` on the model's device, before the
+    logits and all scores are computed. The network runs in eval mode with frozen parameters;
+    gradient scores still get input gradients (they enable grad themselves). ``progress``: see
+    :mod:`jemeval.progress` (one unit per image).
     """
-    if not (sigma >= 0 and math.isfinite(sigma)):  # also refuses NaN
-        raise UsageError(f"--sigma must be a finite number >= 0, got {sigma}")
-    if batch_size <= 0:
-        raise UsageError(f"--batch-size must be positive, got {batch_size}")
+    check_input_sigma(sigma, "sigma")
+    check_min("batch_size", batch_size, 1)
     device = torch.device(device) if device is not None else _model_device(model)
     generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
-    logits_parts: list[torch.Tensor] = []
-    label_parts: list[torch.Tensor] = []
-    score_parts: dict[str, list[torch.Tensor]] = {s.label: [] for s in scores}
     # a forward pass only when something reads the logits (gradient scores do their own)
     need_logits = keep_logits or any(s.from_logits is not None for s in scores)
-    logits = None
-    bar = _progress(len(dataset), desc, progress)
-    try:
-        with frozen(model, train=False):
-            for x, y in iterate_batches(dataset, batch_size, device):
-                x = x.float()
-                if generator is not None:
-                    x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
-                if need_logits:
-                    with torch.no_grad():
-                        logits = logits_of(model, x).float()
-                n = x.shape[0]
-                for s in scores:
-                    score_parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits), n))
-                if keep_logits:
-                    logits_parts.append(logits)
-                label_parts.append(y.long())
-                if bar is not None:
-                    bar.update(n)
-    finally:
-        if bar is not None:
-            bar.close()
-    if not label_parts:
-        raise UsageError(f"dataset {getattr(dataset, 'spec', None) or ''} has no examples; choose a non-empty dataset or class subset")
-    out_scores = {label: _to_numpy64(torch.cat(parts)) for label, parts in score_parts.items()}
-    for label, values in out_scores.items():
-        bad = ~np.isfinite(values)
-        if bad.any():
-            raise JemevalError(
-                f"score {label!r} is not finite for {int(bad.sum())} of {len(values)} examples of "
-                f"{getattr(dataset, 'spec', None) or 'the dataset'}; the model's outputs overflow there"
-            )
+    parts: dict[str, list[torch.Tensor]] = {"logits": [], "labels": [], **{s.label: [] for s in scores}}
+    with progress_bar(progress, len(dataset), desc or "", unit="img") as bar, frozen(model, train=False):
+        for x, y in iterate_batches(dataset, batch_size, device):
+            x = x.float()
+            if generator is not None:
+                x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
+            logits = _logits_no_grad(model, x) if need_logits else None
+            for s in scores:
+                parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits), x.shape[0]))
+            if keep_logits:
+                parts["logits"].append(logits)
+            parts["labels"].append(y.long())
+            bar.update(x.shape[0])
+    if not parts["labels"]:
+        raise UsageError(f"dataset {getattr(dataset, 'spec', None) or ''} has no examples; choose a non-empty "
+                         "dataset or class subset")
+    out_scores = {s.label: _finite_scores(s.label, torch.cat(parts[s.label]), dataset) for s in scores}
     return BatchOutputs(
-        logits=torch.cat(logits_parts).cpu().numpy() if keep_logits else None,
-        labels=torch.cat(label_parts).cpu().numpy(),
+        logits=torch.cat(parts["logits"]).cpu().numpy() if keep_logits else None,
+        labels=torch.cat(parts["labels"]).cpu().numpy(),
         scores=out_scores,
         settings={"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)},
     )
+
+
+def _logits_no_grad(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return logits_of(model, x).float()
+
+
+def _finite_scores(label: str, values: torch.Tensor, dataset: Dataset) -> np.ndarray:
+    """A score's values as float64 numpy; an overflowing model is named, not averaged into NaN."""
+    values = _to_numpy64(values)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise JemevalError(
+            f"score {label!r} is not finite for {int(bad.sum())} of {len(values)} examples of "
+            f"{getattr(dataset, 'spec', None) or 'the dataset'}; the model's outputs overflow there"
+        )
+    return values
+
+
+# -- argument checks shared by the evaluation functions ------------------------------------------------
+def check_min(param: str, value, low) -> None:
+    """``value`` of parameter ``param`` must be at least ``low`` (one line naming the parameter)."""
+    if not value >= low:  # also refuses NaN
+        raise UsageError(f"{param} must be >= {low}, got {value}", param=param)
+
+
+def check_input_sigma(value: float, param: str = "input_sigma") -> float:
+    """The evaluation input noise: a finite number >= 0."""
+    if not (value >= 0 and math.isfinite(value)):  # also refuses NaN
+        raise UsageError(f"{param} must be a finite number >= 0, got {value}", param=param)
+    return float(value)
+
+
+def check_refine_steps(refine_steps: int | Sequence[int]) -> list[int]:
+    """One number of SGLD refinement steps or a list of them: whole numbers >= 0 (0 = no refinement)."""
+    steps = [refine_steps] if isinstance(refine_steps, (int, np.integer)) else list(refine_steps)
+    if not steps:
+        raise UsageError("refine_steps is empty; give e.g. 0,1,10", param="refine_steps")
+    for k in steps:
+        if int(k) != k or int(k) < 0:
+            raise UsageError(f"refine_steps must be integers >= 0 (0 = no refinement), got {k}", param="refine_steps")
+    return [int(k) for k in steps]
 
 
 def _to_numpy64(values: torch.Tensor) -> np.ndarray:
@@ -188,16 +213,6 @@ def _model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-def _progress(total: int, desc: str | None, progress: bool | None):
-    """A tqdm bar on stderr; ``progress=None`` shows it only on a terminal."""
-    if progress is False:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="img", file=sys.stderr, disable=None if progress is None else not progress,
-                leave=False)
 
 
 def prepare_model(model, device: str | torch.device | None = None):
@@ -228,12 +243,10 @@ def check_input_shape(model, dataset: Dataset, name: str) -> None:
         )
 
 
-def training_dataset(model, *, option: str = "--data") -> str:
-    """The dataset the model was trained on (checkpoint metadata), or an error naming ``option``."""
+def training_dataset(model, *, param: str = "data") -> str:
+    """The dataset the model was trained on (checkpoint metadata), or an error naming ``param``."""
     name = (getattr(model, "metadata", None) or {}).get("dataset")
     if not name:
-        raise UsageError(
-            f"the checkpoint does not record its training dataset; name the dataset with {option} DATASET "
-            f"(e.g. {option} cifar10)"
-        )
+        raise UsageError(f"the checkpoint does not record its training dataset; give {param}=DATASET "
+                         "(e.g. cifar10)", param=param)
     return str(name)

@@ -23,16 +23,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from jemeval.data import ArrayDataset, load_dataset, subsample, to_arrays
+from jemeval.data import ArrayDataset, default_val_size, load_dataset, split_indices, subsample, to_arrays
+from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
+    check_input_sigma,
+    check_min,
     prepare_model,
     run_batches,
     training_dataset,
 )
 from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
+from jemeval.plots.calibration import plot_calibration_result
+from jemeval.progress import ProgressArg
+from jemeval.provenance import provenance
 from jemeval.registry import call_with_supported
 from jemeval.results import Result
 
@@ -72,7 +78,8 @@ def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAUL
     if (labels < 0).any():
         raise UsageError("calibration needs a labelled dataset (this one has unlabelled examples, y = -1)")
     if labels.max() >= probs.shape[1]:
-        raise UsageError(f"the dataset has label {int(labels.max())} but the model has only {probs.shape[1]} classes")
+        raise UsageError(f"the dataset has label {int(labels.max())} but the model has only {probs.shape[1]} "
+                         "classes")
     record: dict[str, Any] = {}
     for name, fn in select_metrics("calibration", metrics):
         record[name] = float(call_with_supported(fn, probs, labels, context={"bins": int(bins)}))
@@ -122,10 +129,6 @@ def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
     config = (getattr(model, "metadata", None) or {}).get("config") or {}
     if not isinstance(config, dict) or "split_seed" not in config or config.get("dataset") != data:
         return None
-    try:
-        from jemeval.training.splits import default_val_size, split_indices
-    except ImportError:  # pragma: no cover - the trainer is part of jemeval
-        return None
     val_size = config.get("val_size")
     val_size = default_val_size(n_train) if val_size is None else int(val_size)
     if val_size <= 0 or val_size >= n_train:
@@ -138,7 +141,7 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, data_root=N
     when the checkpoint records one, else a seeded random subset of the train split."""
     train = load_dataset(data, "train", data_root, download)
     if int(val_size) <= 0:
-        raise UsageError(f"--val-size must be positive, got {val_size}")
+        raise UsageError(f"val_size must be positive, got {val_size}", param="val_size")
     held_out = held_out_indices(model, data, len(train))
     if held_out is not None:
         x, y = to_arrays(train)
@@ -151,6 +154,7 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, data_root=N
     return ds, info, False
 
 
+@deprecated_keywords(renamed={"sigma": "input_sigma"}, outputs={"plot": plot_calibration_result})
 def calibrate(
     model,
     data: str | None = None,
@@ -158,7 +162,7 @@ def calibrate(
     split: str = "test",
     bins: int = DEFAULT_BINS,
     n: int | None = None,
-    sigma: float = 0.0,
+    input_sigma: float = 0.0,
     seed: int = 0,
     temperature_scaling: bool = False,
     val_size: int = DEFAULT_VAL_SIZE,
@@ -166,61 +170,65 @@ def calibrate(
     device: str | torch.device | None = None,
     data_root: str | Path | None = None,
     download: bool = False,
-    plot: str | Path | None = None,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
     metrics: Sequence[str] | None = None,
 ) -> Result:
     """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
     one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
-    named, plugin metrics too), accuracy, n, bins."""
-    from jemeval.provenance import provenance
-    if int(bins) < 1:
-        raise UsageError(f"--bins must be >= 1, got {bins}")
+    named, plugin metrics too), accuracy, n, bins. ``input_sigma``: noise added to every input.
+    Figure: :func:`jemeval.plots.calibration.plot_calibration_result`."""
+    check_min("bins", int(bins), 1)
+    check_input_sigma(input_sigma)
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
     model = prepare_model(model, device)
-    data = data or training_dataset(model, option="--data")
+    data = data or training_dataset(model, param="data")
     ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, ds, data)
-    out = run_batches(model, ds, sigma=sigma, seed=seed, batch_size=batch_size, progress=progress,
+    out = run_batches(model, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
                       desc=f"calibrate {data}")
-    raw = {"calibration": "none", "temperature": 1.0, **calibration_record(softmax64(out.logits), out.labels, bins, metrics)}
-    records = [raw]
+    raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics)
+    records = [{"calibration": "none", "temperature": 1.0, **raw}]
     notes: list[str] = []
-    settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(sigma),
-                                "seed": int(seed), "noise_seed": out.settings["noise_seed"], "batch_size": int(batch_size),
-                                "temperature_scaling": bool(temperature_scaling),
+    settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(input_sigma),
+                                "seed": int(seed), "noise_seed": out.settings["noise_seed"],
+                                "batch_size": int(batch_size), "temperature_scaling": bool(temperature_scaling),
                                 "metrics": [name for name, _ in select_metrics("calibration", metrics)],
                                 "dataset_info": getattr(ds, "info", None)}
     if temperature_scaling:
         val_ds, val_info, held_out = validation_subset(model, data=data, val_size=val_size, seed=seed,
                                                        data_root=data_root, download=download)
-        val = run_batches(model, val_ds, sigma=sigma, seed=seed + 1, batch_size=batch_size, progress=progress,
+        val = run_batches(model, val_ds, sigma=input_sigma, seed=seed + 1, batch_size=batch_size, progress=progress,
                           desc="validation")
-        if (val.labels < 0).any():
-            raise UsageError(f"temperature scaling needs labels, and {data!r} train has unlabelled examples")
-        temperature = fit_temperature(val.logits, val.labels)
-        scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics)
-        records.append({"calibration": "temperature", "temperature": temperature, **scaled})
-        settings["validation"] = {**val_info, "noise_seed": val.settings["noise_seed"],
-                                  "optimizer": "bounded Brent search on log T", "bounds": list(TEMPERATURE_BOUNDS)}
-        if temperature_at_bound(temperature) or bool((val.logits.argmax(1) == val.labels).all()):
-            notes.append(
-                f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
-                f"{len(val_ds)} validation images are (nearly) all classified correctly, so they cannot "
-                "identify T; do not read the temperature-scaled row as calibrated"
-            )
-        if not held_out:
-            notes.append(
-                f"T was fitted on {len(val_ds)} random train-split images; if the model was trained on them, "
-                "T is fitted to over-confident training predictions (a held-out split gives a fairer T)"
-            )
+        record, validation, more_notes = temperature_scaled(out, val, held_out, bins=bins, metrics=metrics, data=data)
+        records.append(record)
+        settings["validation"] = {**val_info, **validation}
+        notes += more_notes
     records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
                for r in records]
     prov = provenance(command="calibrate", model=model, device=model.device, seed=seed, settings=settings)
-    result = Result(records, prov, notes=notes)
-    if plot is not None:
-        from jemeval.plots.calibration import plot_reliability
+    return Result(records, prov, notes=notes)
 
-        plot_reliability(records, plot, title=f"{data} ({split}, n={raw['n']})")
-    return result
+
+def temperature_scaled(out, val, held_out: bool, *, bins: int, metrics, data: str):
+    """(record, validation settings, notes) of temperature scaling: T fitted on the validation
+    outputs ``val``, the calibration of ``out`` re-measured at that T, and notes where T says little."""
+    if (val.labels < 0).any():
+        raise UsageError(f"temperature scaling needs labels, and {data!r} train has unlabelled examples")
+    temperature = fit_temperature(val.logits, val.labels)
+    scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics)
+    validation = {"noise_seed": val.settings["noise_seed"], "optimizer": "bounded Brent search on log T",
+                  "bounds": list(TEMPERATURE_BOUNDS)}
+    notes = []
+    if temperature_at_bound(temperature) or bool((val.logits.argmax(1) == val.labels).all()):
+        notes.append(
+            f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
+            f"{len(val)} validation images are (nearly) all classified correctly, so they cannot "
+            "identify T; do not read the temperature-scaled row as calibrated"
+        )
+    if not held_out:
+        notes.append(
+            f"T was fitted on {len(val)} random train-split images; if the model was trained on them, "
+            "T is fitted to over-confident training predictions (a held-out split gives a fairer T)"
+        )
+    return {"calibration": "temperature", "temperature": temperature, **scaled}, validation, notes

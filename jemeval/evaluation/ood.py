@@ -10,33 +10,41 @@ metrics when named with ``metrics``):
 * FPR95: the fraction of OOD inputs accepted at the threshold that keeps 95% of in-distribution
   inputs (lower is better).
 
-Scores are "higher = more in-distribution" (README.md, Conventions). The per-example scores can be saved
-(:meth:`OODScores.save_npz`) so that anyone can recompute the metrics independently.
+Scores are "higher = more in-distribution" (README.md, Conventions). The per-example scores come
+back in the result's ``extra["scores"]`` (:class:`~jemeval.artifacts.OODScores`), which the caller
+may save (``save_npz``) so that anyone can recompute the metrics independently, or plot
+(:func:`jemeval.plots.ood.plot_ood_result`).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from jemeval.artifacts import OODScores, save_ood_scores
 from jemeval.data import load_dataset, subsample
+from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     check_input_shape,
+    check_input_sigma,
     prepare_model,
     resolve_scores,
     run_batches,
     training_dataset,
 )
 from jemeval.evaluation.metrics import select_metrics
+from jemeval.plots.ood import plot_ood_result
+from jemeval.progress import ProgressArg, progress_bar
+from jemeval.provenance import provenance
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import Result
+
+__all__ = ["DEFAULT_SCORES", "METRIC_NOTE", "OODScores", "compute_ood_scores", "evaluate_ood", "ood_records"]
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
 METRIC_NOTE = (
@@ -44,56 +52,6 @@ METRIC_NOTE = (
     "scores; FPR95 is the fraction of OOD inputs accepted at the threshold keeping 95% of in-distribution "
     "inputs (lower is better). Scores: higher = more in-distribution."
 )
-
-
-@dataclass
-class OODScores:
-    """Per-example scores of the in-distribution set and of each OOD set."""
-
-    id_name: str
-    score_names: list[str]
-    id_scores: dict[str, np.ndarray]
-    ood_scores: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # set -> score -> values
-
-    @property
-    def ood_names(self) -> list[str]:
-        return list(self.ood_scores)
-
-    def save_npz(self, path: str | Path, provenance: dict | None = None) -> Path:
-        """Write every set's scores to one .npz (atomically).
-
-        Keys: ``id/<score>`` and ``ood/<set>/<score>`` (float64 arrays), plus ``id_name``,
-        ``ood_names``, ``score_names`` and ``provenance`` (a JSON string). Read back with
-        :meth:`load_npz` or plain ``numpy.load``.
-        """
-        from jemeval.atomic import atomic_path
-        from jemeval.results import _plain
-
-        arrays: dict[str, np.ndarray] = {
-            "id_name": np.array(self.id_name),
-            "ood_names": np.array(self.ood_names),
-            "score_names": np.array(self.score_names),
-            "provenance": np.array(json.dumps(_plain(provenance or {}))),
-        }
-        for s in self.score_names:
-            arrays[f"id/{s}"] = self.id_scores[s]
-            for name, per_score in self.ood_scores.items():
-                arrays[f"ood/{name}/{s}"] = per_score[s]
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        return Path(path)
-
-    @classmethod
-    def load_npz(cls, path: str | Path) -> OODScores:
-        with np.load(path, allow_pickle=False) as f:
-            scores = [str(s) for s in f["score_names"]]
-            oods = [str(s) for s in f["ood_names"]]
-            return cls(
-                id_name=str(f["id_name"]),
-                score_names=scores,
-                id_scores={s: f[f"id/{s}"] for s in scores},
-                ood_scores={o: {s: f[f"ood/{o}/{s}"] for s in scores} for o in oods},
-            )
 
 
 def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
@@ -105,6 +63,26 @@ def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
     return name, name, {}
 
 
+def load_ood_sets(model, ood: Sequence[str], id_name: str, id_size: int, *, split: str, n: int | None, seed: int,
+                  data_root, download: bool) -> list[tuple[str, Any]]:
+    """(label, dataset) for every OOD spec; synthetic sets take the model's input shape and, without
+    ``n``, as many examples as the ID set. The ID set itself or a set named twice is refused."""
+    loaded: list[tuple[str, Any]] = []
+    for name in ood:
+        label, spec, extra = expand_ood_name(name, id_name)
+        if label == id_name:
+            raise UsageError(f"OOD set {name!r} is the in-distribution set itself; choose another dataset")
+        if label in (lbl for lbl, _ in loaded):
+            raise UsageError(f"OOD set {label!r} is given twice")
+        ds = load_dataset(spec, split, data_root, download, input_shape=model.input_shape, n=id_size, seed=seed,
+                          **extra)
+        ds = subsample(ds, n, seed)
+        check_input_shape(model, ds, label)
+        loaded.append((label, ds))
+    return loaded
+
+
+@deprecated_keywords(renamed={"sigma": "input_sigma"})
 def compute_ood_scores(
     model,
     ood: str | Sequence[str],
@@ -113,58 +91,45 @@ def compute_ood_scores(
     scores: str | Sequence[str] = DEFAULT_SCORES,
     split: str = "test",
     n: int | None = None,
-    sigma: float = 0.0,
+    input_sigma: float = 0.0,
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str | torch.device | None = None,
     data_root: str | Path | None = None,
     download: bool = False,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
 ) -> tuple[OODScores, dict[str, Any]]:
     """Run the batch loop over the ID set and every OOD set; return the scores and the settings.
 
     ``n`` draws a seeded random subset of each set; synthetic sets (uniform, constant, gaussian)
-    take the model's input shape and default to as many examples as the ID set. The sigma noise of
-    set i (0 = ID) comes from a generator seeded with ``seed + i``.
+    take the model's input shape and default to as many examples as the ID set. The input noise
+    of set i (0 = ID) comes from a generator seeded with ``seed + i``.
     """
     model = prepare_model(model, device)
+    check_input_sigma(input_sigma)
     ood = split_specs(ood, "ood")  # "uniform" is one set, "uniform,interp" two, as on the command line
     if not ood:
-        raise UsageError("give at least one OOD dataset, e.g. --ood uniform,interp")
+        raise UsageError("ood names no dataset; give e.g. 'uniform,interp'", param="ood")
     score_fns = resolve_scores(split_specs(scores, "scores"))
     if not score_fns:
-        raise UsageError("give at least one score, e.g. --score logpx,maxprob")
-    id_name = id or training_dataset(model, option="--id")
+        raise UsageError("scores names no score; give e.g. 'logpx,maxprob'", param="scores")
+    id_name = id or training_dataset(model, param="id")
     id_ds = subsample(load_dataset(id_name, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, id_ds, id_name)
-
-    loaded = []
-    for name in ood:
-        label, spec, extra = expand_ood_name(name, id_name)
-        if label == id_name:
-            raise UsageError(f"OOD set {name!r} is the in-distribution set itself; choose another dataset")
-        if label in (lbl for lbl, _ in loaded):
-            raise UsageError(f"OOD set {label!r} is given twice")
-        ds = load_dataset(spec, split, data_root, download, input_shape=model.input_shape, n=len(id_ds), seed=seed, **extra)
-        ds = subsample(ds, n, seed)
-        check_input_shape(model, ds, label)
-        loaded.append((label, ds))
-
+    sets = [(id_name, id_ds), *load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, seed=seed,
+                                              data_root=data_root, download=download)]
+    per_set: dict[str, dict[str, np.ndarray]] = {}
     settings_per_set: dict[str, Any] = {}
-    outputs = run_batches(model, id_ds, scores=score_fns, keep_logits=False, sigma=sigma, seed=seed,
-                          batch_size=batch_size, progress=progress, desc=f"ID {id_name}")
-    result = OODScores(id_name, [s.label for s in score_fns], outputs.scores)
-    settings_per_set[id_name] = {"n": len(outputs), "noise_seed": outputs.settings["noise_seed"],
-                                 "info": getattr(id_ds, "info", None)}
-    for i, (label, ds) in enumerate(loaded, start=1):
-        out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=sigma, seed=seed + i,
-                          batch_size=batch_size, progress=progress, desc=f"OOD {label}")
-        result.ood_scores[label] = out.scores
+    for i, (label, ds) in enumerate(sets):
+        out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=input_sigma, seed=seed + i,
+                          batch_size=batch_size, progress=progress, desc=f"{'OOD' if i else 'ID'} {label}")
+        per_set[label] = out.scores
         settings_per_set[label] = {"n": len(out), "noise_seed": out.settings["noise_seed"],
                                    "info": getattr(ds, "info", None)}
+    result = OODScores(id_name, [s.label for s in score_fns], per_set.pop(id_name), per_set)
     settings = {
-        "id": id_name, "split": split, "ood": [lbl for lbl, _ in loaded], "scores": result.score_names,
-        "n": n, "sigma": float(sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
+        "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
+        "sigma": float(input_sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
     }
     return result, settings
 
@@ -186,6 +151,13 @@ def resolve_metrics(metrics: Sequence[str] | None = None) -> list[tuple[str, Any
     return select_metrics("ood", metrics)
 
 
+def check_bootstrap(bootstrap: int, level: float) -> None:
+    if not bootstrap >= 0:
+        raise UsageError(f"bootstrap must be >= 0, got {bootstrap}", param="bootstrap")
+    if not 0 < level < 1:
+        raise UsageError(f"need level in (0, 1) (the confidence level of the intervals), got {level}", param="level")
+
+
 def ood_records(
     scores: OODScores,
     *,
@@ -193,44 +165,35 @@ def ood_records(
     bootstrap: int = 0,
     level: float = 0.95,
     seed: int = 0,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
 ) -> list[dict[str, Any]]:
-    """One record per (score, OOD set) with the built-in OOD metrics (or the ``metrics`` named, plugin ones too)."""
+    """One record per (score, OOD set) with the built-in OOD metrics (or the ``metrics`` named, plugin
+    ones too); ``bootstrap`` > 0 adds ``<metric>_lo``/``_hi`` percentile intervals at ``level``."""
     available = resolve_metrics(metrics)
-    if bootstrap < 0:
-        raise UsageError(f"--bootstrap must be >= 0, got {bootstrap}")
-    if not 0 < level < 1:
-        raise UsageError(f"the confidence level must lie in (0, 1), got {level}")
+    check_bootstrap(bootstrap, level)
     rng = np.random.default_rng(seed)
     records = []
-    bar = None
-    if bootstrap:
-        import sys
-
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(scores.score_names) * len(scores.ood_scores), desc=f"bootstrap x{bootstrap}",
-                   file=sys.stderr, disable=None if progress is None else not progress, leave=False)
-    for s in scores.score_names:
-        id_values = scores.id_scores[s]
-        for ood_name, per_score in scores.ood_scores.items():
-            ood_values = per_score[s]
-            record: dict[str, Any] = {"score": s, "id": scores.id_name, "ood": ood_name}
-            for name, fn in available:
-                record[name] = float(fn(id_values, ood_values))
-            record["n_id"] = len(id_values)
-            record["n_ood"] = len(ood_values)
-            if bootstrap:
+    total = len(scores.score_names) * len(scores.ood_scores) if bootstrap else 0
+    with progress_bar(progress if bootstrap else False, total, f"bootstrap x{bootstrap}") as bar:
+        for s in scores.score_names:
+            id_values = scores.id_scores[s]
+            for ood_name, per_score in scores.ood_scores.items():
+                ood_values = per_score[s]
+                record: dict[str, Any] = {"score": s, "id": scores.id_name, "ood": ood_name}
                 for name, fn in available:
+                    record[name] = float(fn(id_values, ood_values))
+                record["n_id"] = len(id_values)
+                record["n_ood"] = len(ood_values)
+                for name, fn in available if bootstrap else ():
                     lo, hi = bootstrap_interval(fn, id_values, ood_values, n_boot=bootstrap, level=level, rng=rng)
                     record[f"{name}_lo"], record[f"{name}_hi"] = lo, hi
                 bar.update(1)
-            records.append(record)
-    if bar is not None:
-        bar.close()
+                records.append(record)
     return records
 
 
+@deprecated_keywords(renamed={"sigma": "input_sigma"},
+                     outputs={"save_scores": save_ood_scores, "plot": plot_ood_result})
 def evaluate_ood(
     model,
     ood: str | Sequence[str],
@@ -239,7 +202,7 @@ def evaluate_ood(
     scores: str | Sequence[str] = DEFAULT_SCORES,
     split: str = "test",
     n: int | None = None,
-    sigma: float = 0.0,
+    input_sigma: float = 0.0,
     seed: int = 0,
     metrics: str | Sequence[str] | None = None,
     bootstrap: int = 0,
@@ -248,30 +211,27 @@ def evaluate_ood(
     device: str | torch.device | None = None,
     data_root: str | Path | None = None,
     download: bool = False,
-    save_scores: str | Path | None = None,
-    plot: str | Path | None = None,
-    progress: bool | None = None,
+    progress: ProgressArg = None,
 ) -> Result:
     """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``
-    (a list of dataset specs, or one string: a spec or a comma list, like ``--ood``; ``scores`` and
-    ``metrics`` likewise).
+    (a list of dataset specs, or one string: a spec or a comma list; ``scores`` and ``metrics``
+    likewise).
 
-    The in-distribution set defaults to the model's training dataset (test split). Returns a
+    The in-distribution set ``id`` defaults to the model's training dataset (``split`` split);
+    ``input_sigma`` is the std of the noise added to every input. Returns a
     :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood, auroc,
-    aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics too), n_id, n_ood, and ``<metric>_lo``/``_hi`` with
-    ``bootstrap`` > 0 resamples. ``save_scores`` writes the per-example scores (.npz), ``plot`` the
-    score histograms (.png).
+    aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics too), n_id, n_ood, and
+    ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples. ``extra["scores"]`` holds the
+    per-example scores (:class:`~jemeval.artifacts.OODScores`: ``save_npz``; figure:
+    :func:`jemeval.plots.ood.plot_ood_result`).
     """
-    from jemeval.provenance import provenance
-
     model = prepare_model(model, device)
     metrics = None if metrics is None else split_specs(metrics, "metrics")
     resolve_metrics(metrics)  # fail on a misspelt metric before the (long) score computation
-    if bootstrap < 0 or not 0 < level < 1:
-        raise UsageError(f"--bootstrap must be >= 0 and --level in (0, 1), got {bootstrap} and {level}")
+    check_bootstrap(bootstrap, level)
     ood_scores, settings = compute_ood_scores(
-        model, ood, id=id, scores=scores, split=split, n=n, sigma=sigma, seed=seed, batch_size=batch_size,
-        device=device, data_root=data_root, download=download, progress=progress,
+        model, ood, id=id, scores=scores, split=split, n=n, input_sigma=input_sigma, seed=seed,
+        batch_size=batch_size, device=device, data_root=data_root, download=download, progress=progress,
     )
     records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=seed,
                           progress=progress)
@@ -279,11 +239,4 @@ def evaluate_ood(
                                  and not k.endswith(("_lo", "_hi"))],
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
     prov = provenance(command="ood", model=model, device=model.device, seed=seed, settings=settings)
-    result = Result(records, prov, notes=[METRIC_NOTE])
-    if save_scores is not None:
-        ood_scores.save_npz(save_scores, prov)
-    if plot is not None:
-        from jemeval.plots.ood import plot_score_histograms
-
-        plot_score_histograms(ood_scores, plot, records=records)
-    return result
+    return Result(records, prov, extra={"scores": ood_scores}, notes=[METRIC_NOTE])

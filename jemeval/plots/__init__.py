@@ -1,7 +1,9 @@
-"""Plots (matplotlib, Agg backend, PNG): one module per kind of figure.
+"""Plots (matplotlib, Agg backend, PNG): one module per kind of figure, drawn from returned data.
 
-grids.py (sample grids), ood.py (score histograms), calibration.py (reliability diagrams),
-robustness.py (accuracy vs epsilon curves).
+grids.py (sample grids, distal adversarials), ood.py (score histograms), calibration.py (reliability
+diagrams), robustness.py (accuracy vs epsilon curves). Each module has a ``plot_*_result(result,
+path)`` (or ``save_*_grid``) that draws an evaluation function's :class:`~jemeval.results.Result`:
+what the command line calls for ``--plot`` / ``--grid``. Plots never import the command line.
 """
 from __future__ import annotations
 

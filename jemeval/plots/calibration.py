@@ -68,3 +68,10 @@ def plot_reliability(records: Sequence[dict[str, Any]], path: str | Path, *, tit
     fig.legend(handles=handles, loc="lower center", ncol=2 if cols == 1 else 4, fontsize=8, frameon=False)
     save_figure(fig, path)
     return Path(path)
+
+
+def plot_calibration_result(result, path: str | Path) -> Path:
+    """The reliability diagram of a ``calibrate`` result, titled with the data it was measured on."""
+    settings = result.provenance["settings"]
+    title = f"{settings['data']} ({settings['split']}, n={result.records[0]['n']})"
+    return plot_reliability(result.records, path, title=title)

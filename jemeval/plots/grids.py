@@ -1,4 +1,4 @@
-"""Image grids of samples: one row per class when labels are given, pixels mapped from [-1, 1]."""
+"""Image grids: samples one row per class, distal adversarials one row per target; pixels from [-1, 1]."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,7 +23,8 @@ def mosaic(x: torch.Tensor, ncol: int, pad: int = 1) -> np.ndarray:
     nrows = -(-n // ncol)
     full = np.ones((nrows * ncol, h + pad, w + pad, c), dtype=np.float32)
     full[:n, :h, :w] = imgs
-    grid = full.reshape(nrows, ncol, h + pad, w + pad, c).transpose(0, 2, 1, 3, 4).reshape(nrows * (h + pad), ncol * (w + pad), c)
+    grid = (full.reshape(nrows, ncol, h + pad, w + pad, c).transpose(0, 2, 1, 3, 4)
+            .reshape(nrows * (h + pad), ncol * (w + pad), c))
     canvas = np.ones((grid.shape[0] + pad, grid.shape[1] + pad, c), dtype=np.float32)
     canvas[pad:, pad:] = grid
     return canvas
@@ -35,7 +36,8 @@ def _save_mosaic(x: torch.Tensor, path: str | Path, *, ncol: int, row_labels: Se
     canvas = mosaic(x, ncol)
     h, w = canvas.shape[:2]
     scale = 6.0 / max(h, w)
-    fig, ax = plt.subplots(figsize=(max(2.0, w * scale + (0.6 if row_labels else 0)), max(2.0, h * scale + (0.4 if title else 0))))
+    width = max(2.0, w * scale + (0.6 if row_labels else 0))
+    fig, ax = plt.subplots(figsize=(width, max(2.0, h * scale + (0.4 if title else 0))))
     if canvas.shape[-1] == 1:
         ax.imshow(canvas[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     else:
@@ -73,8 +75,8 @@ def save_image_grid(x: torch.Tensor, path: str | Path, *, nrow: int | None = Non
     imgs = to_display(x)
     nrows = int(np.ceil(n / ncol)) if n else 1
     size = 1.0 if imgs.shape[1] <= 16 else 1.2
-    fig, axes = plt.subplots(nrows, ncol, figsize=(ncol * size + (0.8 if row_labels else 0), nrows * size + (0.4 if title else 0)),
-                             squeeze=False)
+    figsize = (ncol * size + (0.8 if row_labels else 0), nrows * size + (0.4 if title else 0))
+    fig, axes = plt.subplots(nrows, ncol, figsize=figsize, squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.set_xticks([])
         ax.set_yticks([])
@@ -94,3 +96,47 @@ def save_image_grid(x: torch.Tensor, path: str | Path, *, nrow: int | None = Non
         fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
     return Path(path)
+
+
+# -- grids of a command's output -------------------------------------------------------------------
+def grid_rows(samples, per_row: int) -> tuple[torch.Tensor, list[str], list[str]]:
+    """Images of :class:`~jemeval.artifacts.Samples` laid out one row per class (at most ``per_row``
+    each): the target class of conditional samples, the predicted class of unconditional ones. Short
+    rows are padded with NaN images, which matplotlib leaves blank."""
+    group = samples.target if samples.conditional else samples.predicted
+    prefix = "y=" if samples.conditional else "pred "
+    blank = torch.full_like(samples.x[:1], float("nan"))
+    rows, labels, captions = [], [], []
+    per_row = max(1, min(per_row, int(torch.bincount(group - group.min()).max()) if len(group) else 1))
+    for c in torch.unique(group).tolist():
+        idx = torch.nonzero(group == c).flatten()[:per_row]
+        pad = per_row - len(idx)
+        rows.append(torch.cat([samples.x[idx], blank.expand(pad, *blank.shape[1:])]))
+        labels.append(f"{prefix}{c}")
+        captions += [f"{int(p)} {float(q):.2f}" for p, q in zip(samples.predicted[idx], samples.confidence[idx])]
+        captions += [""] * pad
+    return torch.cat(rows), labels, captions
+
+
+def save_samples_grid(samples, path: str | Path, per_row: int = 10) -> Path:
+    """A PNG grid of :class:`~jemeval.artifacts.Samples`, one row per class (:func:`grid_rows`), each
+    image captioned "predicted confidence", titled with how the samples were drawn."""
+    x, labels, captions = grid_rows(samples, per_row)
+    per_row = len(captions) // max(len(labels), 1)
+    s = samples.settings
+    sgld = s["sgld"]
+    kind = "class-conditional, rows = target class" if samples.conditional else "unconditional, rows = predicted class"
+    title = (f"SGLD samples ({kind}); init {s['init']}, {sgld['steps']} SGLD steps, "
+             f"step {sgld['step_size']:g}, noise {sgld['noise']:g}"
+             + (f", top {s['top_confident']:g}% confident" if s["top_confident"] else ""))
+    return save_image_grid(x, path, nrow=per_row, row_labels=labels, title=title, captions=captions)
+
+
+def save_distal_grid(result, path: str | Path) -> Path:
+    """The images of a ``distal`` result, one row per target, each captioned with p(target | x)."""
+    settings = result.provenance["settings"]
+    steps, k = settings["steps"], settings["refinement"]["refine_steps"]
+    return save_image_grid(result.extra["images"].x, path, nrow=settings["n"],
+                           row_labels=[f"y={t}" for t in settings["targets"]],
+                           captions=[f"{float(c):.2f}" for c in result.extra["confidences"]],
+                           title=f"distal adversarials: p(target | x) after {steps} steps, K={k}")

@@ -68,3 +68,8 @@ def plot_score_histograms(scores, path: str | Path, *, records: Sequence[dict[st
     fig.tight_layout()
     save_figure(fig, path)
     return Path(path)
+
+
+def plot_ood_result(result, path: str | Path) -> Path:
+    """The histogram figure of an ``evaluate_ood`` result (its ``extra["scores"]``), AUROCs in the legend."""
+    return plot_score_histograms(result.extra["scores"], path, records=result.records)

@@ -34,8 +34,8 @@ def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
     for mp in min_perturbations:
         curve = mp.get("curve") or {}
         if curve.get("epsilon"):
-            ax.step(curve["epsilon"], curve["robust_accuracy"], where="post", color=colours.get(mp["refine_steps"], "gray"),
-                    linewidth=0.8, alpha=0.5)
+            ax.step(curve["epsilon"], curve["robust_accuracy"], where="post",
+                    color=colours.get(mp["refine_steps"], "gray"), linewidth=0.8, alpha=0.5)
     norm = records[0]["norm"] if records else ""
     n = records[0]["n"] if records else 0
     ax.set_xlabel(f"epsilon ({norm.upper()}, pixel units in [0, 1])")
@@ -52,3 +52,11 @@ def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
     ax.set_title(title or f"robust accuracy vs epsilon ({norm}, n={n})", fontsize=9)
     save_figure(fig, path)
     return Path(path)
+
+
+def plot_robust_result(result, path: str | Path) -> Path:
+    """The accuracy-vs-epsilon figure of a ``robust`` result, with its distortion curves."""
+    s = result.provenance["settings"]
+    title = (f"{s['data']}: robust accuracy vs {s['norm']} epsilon (n={s['n']}, chains={s['chains']}, "
+             f"sigma={s['sigma']:g})")
+    return plot_robustness(result.records, path, min_perturbations=result.extra["minimal_perturbations"], title=title)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from jemeval.data import input_shape_of, load_dataset, num_classes_of, to_arrays
+from jemeval.data import default_val_size, input_shape_of, load_dataset, num_classes_of, split_indices, to_arrays
 from jemeval.errors import UsageError
 
 #: Training sets larger than this stay in host memory and are copied per batch.
@@ -38,18 +38,6 @@ class TrainingData:
     def describe(self) -> dict:
         return {"n_train": len(self.x), "n_val": len(self.x_val), "n_labelled": self.n_labelled,
                 "num_classes": self.num_classes, "input_shape": list(self.input_shape)}
-
-
-def default_val_size(n: int) -> int:
-    return min(5000, n // 10)
-
-
-def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) index arrays, both sorted; a seeded permutation decides."""
-    if val_size >= n:
-        raise UsageError(f"--val-size {val_size} leaves no training images (the training split has {n}); use a smaller --val-size")
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[val_size:]), np.sort(perm[:val_size])
 
 
 def labelled_subset(labels: np.ndarray, per_class: int, num_classes: int, seed: int) -> np.ndarray:

@@ -4,20 +4,17 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.options import (
-    Command,
     batch_size_option,
     data_options,
-    dataset_option,
     device_option,
-    emit,
     model_option,
-    output_options,
-    output_path_option,
     resolve_device,
     seed_option,
     sigma_option,
     split_list,
 )
+from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 SUMMARY_COLUMNS = ["calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n"]
 
@@ -32,7 +29,7 @@ def bins_rows(result) -> list[dict]:
 @dataset_option("--data", default=None, help="Dataset to calibrate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--bins", type=int, default=20, show_default=True, help="Equal-width confidence bins.")
-@click.option("--metric", "metric", default=None,
+@click.option("--metric", "metrics", default=None,
               help="Comma-separated calibration metrics to report, plugin metrics included (see 'jemeval list "
                    "metrics'). Default: the built-ins ece,mce,rms,brier,nll.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
@@ -44,14 +41,14 @@ def bins_rows(result) -> list[dict]:
               help="Validation images for --temperature-scaling (capped at 20% of the train split).")
 @batch_size_option()
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
-              help="Write a reliability diagram (empty bins marked, ECE printed) to FILE.png.")
+                    help="Write a reliability diagram (empty bins marked, ECE printed) to FILE.png.")
 @click.option("--no-bins", "hide_bins", is_flag=True, help="Do not print the per-bin table.")
 @seed_option(0)
 @device_option
 @data_options
 @output_options
-def cli(model_path, data, split, bins, metric, n, sigma, temperature_scaling, val_size, batch_size, plot, hide_bins, seed,
-        device, data_root, download, **output):
+def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scaling, val_size, batch_size, plot,
+        hide_bins, seed, device, data_root, download, **output):
     """Calibration of a model's confidences (max softmax) on a labelled dataset.
 
     \b
@@ -65,20 +62,19 @@ def cli(model_path, data, split, bins, metric, n, sigma, temperature_scaling, va
       jemeval calibrate --model runs/digits/best.pt --temperature-scaling --plot reliability.png
     """
     from jemeval.evaluation.calibration import calibrate
+    from jemeval.plots.calibration import plot_calibration_result
+    from jemeval.results import markdown_table, text_table
 
     result = calibrate(
-        model_path, data, split=split, bins=bins, n=n, sigma=sigma, seed=seed,
+        model_path, data, split=split, bins=bins, n=n, input_sigma=input_sigma, seed=seed,
         temperature_scaling=temperature_scaling, val_size=val_size, batch_size=batch_size,
-        device=resolve_device(device), data_root=data_root, download=download, plot=plot,
-        metrics=split_list(metric, "--metric") if metric else None,
+        device=resolve_device(device), data_root=data_root, download=download, progress=progress(),
+        metrics=split_list(metrics, "--metric") if metrics else None,
     )
-    if plot:
-        click.echo(f"wrote {plot}", err=True)
+    write_files(result, (plot, plot_calibration_result))
     emit(result, columns=SUMMARY_COLUMNS + [k for k in result.records[0] if k not in SUMMARY_COLUMNS and k != "bins"],
          **output)
     if output.get("as_json") or hide_bins:
         return
-    from jemeval.results import markdown_table, text_table
-
     click.echo("")
     click.echo((markdown_table if output.get("as_markdown") else text_table)(bins_rows(result)))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import Command, PathArgument, emit, output_options, output_path_option
+from jemeval.cli.output import emit, output_options
+from jemeval.cli.paths import Command, PathArgument, output_path_option
 
 COLUMNS = ["layout", "arch", "num_classes", "dataset", "bn_mode", "output"]
 

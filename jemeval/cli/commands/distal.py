@@ -3,17 +3,9 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import (
-    Command,
-    device_option,
-    emit,
-    model_option,
-    output_options,
-    output_path_option,
-    parse_ints,
-    resolve_device,
-    seed_option,
-)
+from jemeval.cli.options import device_option, model_option, parse_ints, resolve_device, seed_option
+from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.paths import Command, output_path_option
 
 COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_confidence", "median_confidence",
            "min_confidence", "max_confidence", "predicted_as_target"]
@@ -21,22 +13,24 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
 
 @click.command("distal", cls=Command)
 @model_option
-@click.option("--target", "targets", required=True, help="Target class index (or a comma-separated list).")
+@click.option("--target", "target", required=True, help="Target class index (or a comma-separated list).")
 @click.option("--n", "n", type=int, default=16, show_default=True, help="Noise images per target.")
 @click.option("--steps", type=int, default=200, show_default=True, help="Gradient-ascent steps on log p(target | x).")
-@click.option("--lr", type=float, default=0.05, show_default=True, help="Adam learning rate on the pixels ([-1, 1] space).")
-@click.option("--refine-steps", type=int, default=0, show_default=True, help="SGLD refinement steps inside the classifier.")
+@click.option("--lr", type=float, default=0.05, show_default=True,
+              help="Adam learning rate on the pixels ([-1, 1] space).")
+@click.option("--refine-steps", type=int, default=0, show_default=True,
+              help="SGLD refinement steps inside the classifier.")
 @click.option("--grad-mode", type=click.Choice(["full", "bpda", "eot"]), default="full", show_default=True,
               help="How gradients pass through refinement.")
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains averaged.")
-@click.option("--sigma", type=float, default=0.0, show_default=True,
+@click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,
               help="Noise added to each chain before refinement (the JEM release used 0.03).")
 @output_path_option("--grid", suffix=".png", metavar="FILE.png", default="distal.png", show_default=True,
-              help="PNG grid of the images, one row per target, captioned with p(target | x).")
+                    help="PNG grid of the images, one row per target, captioned with p(target | x).")
 @seed_option(0)
 @device_option
 @output_options
-def cli(model_path, targets, n, steps, lr, refine_steps, grad_mode, chains, sigma, grid, seed, device, **output):
+def cli(model_path, target, n, steps, lr, refine_steps, grad_mode, chains, chain_sigma, grid, seed, device, **output):
     """Distal adversarials: optimise noise until the model is confident it shows --target.
 
     \b
@@ -48,8 +42,10 @@ def cli(model_path, targets, n, steps, lr, refine_steps, grad_mode, chains, sigm
       jemeval distal --model runs/digits/best.pt --target 3 --refine-steps 2 --grid distal3.png
     """
     from jemeval.evaluation.distal import distal
+    from jemeval.plots.grids import save_distal_grid
 
-    result = distal(model_path, parse_ints(targets, "--target"), n=n, steps=steps, lr=lr, refine_steps=refine_steps,
-                    grad_mode=grad_mode, chains=chains, sigma=sigma, seed=seed, device=resolve_device(device), grid=grid)
-    click.echo(f"wrote {grid}", err=True)
+    result = distal(model_path, parse_ints(target, "--target"), n=n, steps=steps, lr=lr, refine_steps=refine_steps,
+                    grad_mode=grad_mode, chains=chains, chain_sigma=chain_sigma, seed=seed,
+                    device=resolve_device(device), progress=progress())
+    write_files(result, (grid, save_distal_grid))
     emit(result, columns=COLUMNS, **output)

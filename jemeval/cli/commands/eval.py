@@ -4,19 +4,17 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.options import (
-    Command,
     batch_size_option,
     data_options,
-    dataset_option,
     device_option,
-    emit,
     model_option,
-    output_options,
     parse_ints,
     resolve_device,
     seed_option,
     sigma_option,
 )
+from jemeval.cli.output import emit, output_options, progress
+from jemeval.cli.paths import Command, dataset_option
 
 
 @click.command("eval", cls=Command)
@@ -30,17 +28,17 @@ from jemeval.cli.options import (
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains per input (logits averaged).")
 @click.option("--chain-sigma", type=float, default=0.0, show_default=True,
               help="Std of the noise added to each refinement chain's copy of the input.")
-@click.option("--sgld-lr", "step_size", type=float, default=None,
+@click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
               help="Refinement SGLD step size. Default: the checkpoint's training setting, else 1.0.")
-@click.option("--sgld-std", "noise", type=float, default=None,
+@click.option("--sgld-std", "sgld_noise", type=float, default=None,
               help="Refinement SGLD noise std. Default: the checkpoint's training setting, else 0.01.")
 @batch_size_option()
 @seed_option(0)
 @device_option
 @data_options
 @output_options
-def cli(model_path, data, split, n, sigma, refine_steps, chains, chain_sigma, step_size, noise, batch_size, seed,
-        device, data_root, download, **output):
+def cli(model_path, data, split, n, input_sigma, refine_steps, chains, chain_sigma, sgld_step_size, sgld_noise,
+        batch_size, seed, device, data_root, download, **output):
     """Classification accuracy and NLL (mean -log p(y|x)).
 
     \b
@@ -50,9 +48,9 @@ def cli(model_path, data, split, n, sigma, refine_steps, chains, chain_sigma, st
     from jemeval.evaluation.accuracy import evaluate
 
     result = evaluate(
-        model_path, data, split=split, n=n, sigma=sigma, seed=seed,
+        model_path, data, split=split, n=n, input_sigma=input_sigma, seed=seed,
         refine_steps=parse_ints(refine_steps, "--refine-steps"), chains=chains, chain_sigma=chain_sigma,
-        step_size=step_size, noise=noise, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, batch_size=batch_size, device=resolve_device(device),
+        data_root=data_root, download=download, progress=progress(),
     )
     emit(result, **output)

@@ -6,36 +6,32 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.commands.sample import sample_from_options, sampling_options
-from jemeval.cli.options import (
-    Command,
-    dataset_option,
-    device_option,
-    emit,
-    input_path_option,
-    output_options,
-    resolve_device,
-    seed_option,
-)
+from jemeval.cli.options import device_option, resolve_device, seed_option
+from jemeval.cli.output import emit, output_options
+from jemeval.cli.paths import Command, dataset_option, input_path_option
 
 
 @click.command("fidelity", cls=Command)
 @input_path_option("--model", "model_path", what="the input checkpoint", default=None,
-              help="Generate the samples from this checkpoint (see the sampling options).")
-@input_path_option("--samples", "samples_path", what="the samples file", type=click.Path(dir_okay=False), default=None,
-              help="Score samples saved by `jemeval sample --save FILE.npz` instead of generating.")
+                   help="Generate the samples from this checkpoint (see the sampling options).")
+@input_path_option("--samples", "samples_path", what="the samples file", type=click.Path(dir_okay=False),
+                   default=None, help="Score samples saved by `jemeval sample --save FILE.npz` instead of generating.")
 @dataset_option("--ref", "reference", default=None, help="Reference dataset [default: the model's dataset].")
 @click.option("--ref-split", default="train", show_default=True, help="Split of the reference dataset.")
-@click.option("--ref-n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N reference images.")
+@click.option("--ref-n", type=click.IntRange(min=1), default=None,
+              help="Use a seeded random subset of N reference images.")
 @input_path_option("--features", "features", what="a feature checkpoint", multiple=True,
-              help="A jemeval checkpoint whose penultimate features measure a Frechet distance 'fd' (offline, "
-                   "any image size); repeat for several.")
-@input_path_option("--inception-weights", what="the Inception weights file", envvar="JEMEVAL_INCEPTION_WEIGHTS", default=None,
-              help="torch-fidelity's InceptionV3 weights file (weights-inception-2015-12-05-6726825d.pth) for "
-                   "IS/FID/KID; never downloaded [env: JEMEVAL_INCEPTION_WEIGHTS].")
+                   help="A jemeval checkpoint whose penultimate features measure a Frechet distance 'fd' (offline, "
+                        "any image size); repeat for several.")
+@input_path_option("--inception-weights", what="the Inception weights file", envvar="JEMEVAL_INCEPTION_WEIGHTS",
+                   default=None,
+                   help="torch-fidelity's InceptionV3 weights file (weights-inception-2015-12-05-6726825d.pth) for "
+                        "IS/FID/KID; never downloaded [env: JEMEVAL_INCEPTION_WEIGHTS].")
 @click.option("--metrics", default=None,
               help="Comma-separated subset of is,fid,kid,fd [default: is,fid,kid, plus fd with --features; "
                    "only fd when --features is given without Inception weights].")
-@click.option("--kid-subset-size", type=int, default=1000, show_default=True, help="KID subset size (capped at the sample counts).")
+@click.option("--kid-subset-size", type=int, default=1000, show_default=True,
+              help="KID subset size (capped at the sample counts).")
 @sampling_options
 @output_options
 @device_option
@@ -57,11 +53,8 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
     dev = resolve_device(device)
     if model_path is not None:
         # fail on a missing weights file or bad metric list before spending time sampling
-        from jemeval.evaluation.fidelity import (
-            INCEPTION_METRICS,
-            check_inception_weights,
-            resolve_metrics,
-        )
+        from jemeval.evaluation.fidelity import resolve_metrics
+        from jemeval.evaluation.inception import INCEPTION_METRICS, check_inception_weights
 
         chosen, _ = resolve_metrics(metrics, have_features=bool(features), have_weights=bool(inception_weights))
         if set(chosen) & set(INCEPTION_METRICS):

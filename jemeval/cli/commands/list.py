@@ -5,7 +5,7 @@ import json
 
 import click
 
-from jemeval.cli.options import Command
+from jemeval.cli.paths import Command
 from jemeval.components import metric_task
 from jemeval.registry import KINDS
 
@@ -27,7 +27,8 @@ PLURALS = {f"{k}s": k for k in KINDS} | {k: k for k in KINDS}
 
 
 @click.command("list", cls=Command)
-@click.argument("kind", required=False, type=click.Choice(sorted(PLURALS)), metavar="[models|datasets|scores|metrics|attacks]")
+@click.argument("kind", required=False, type=click.Choice(sorted(PLURALS)),
+                metavar="[models|datasets|scores|metrics|attacks]")
 @click.argument("pattern", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cli(kind, pattern, as_json):

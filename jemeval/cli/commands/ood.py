@@ -4,20 +4,17 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.options import (
-    Command,
     batch_size_option,
     data_options,
-    dataset_option,
     device_option,
-    emit,
     model_option,
-    output_options,
-    output_path_option,
     resolve_device,
     seed_option,
     sigma_option,
     split_list,
 )
+from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 COLUMNS = None  # every record key: the chosen metrics and any CI columns
 
@@ -25,14 +22,14 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @click.command("ood", cls=Command)
 @model_option
 @dataset_option("--ood", "ood", required=True,
-              help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "
-                   "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...")
-@dataset_option("--id", "id_name", default=None,
-              help="In-distribution dataset. Default: the model's training dataset.")
+                help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "
+                     "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...")
+@dataset_option("--id", "id", default=None,
+                help="In-distribution dataset. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of the ID and OOD datasets.")
-@click.option("--score", "score", default="logpx,maxprob,gradnorm", show_default=True,
+@click.option("--score", "scores", default="logpx,maxprob,gradnorm", show_default=True,
               help="Comma-separated scores, with options as 'energy:T=2'. See 'jemeval list scores'.")
-@click.option("--metric", "metric", default=None,
+@click.option("--metric", "metrics", default=None,
               help="Comma-separated OOD metrics to report, plugin metrics included (see 'jemeval list metrics'). "
                    "Default: the built-ins auroc,aupr_in,aupr_out,fpr95.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
@@ -40,18 +37,19 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @sigma_option
 @click.option("--bootstrap", type=int, default=0, show_default=True,
               help="Bootstrap resamples for confidence intervals (adds <metric>_lo/_hi columns); 0 = none.")
-@click.option("--level", type=float, default=0.95, show_default=True, help="Confidence level of the bootstrap intervals.")
+@click.option("--level", type=float, default=0.95, show_default=True,
+              help="Confidence level of the bootstrap intervals.")
 @batch_size_option()
 @output_path_option("--save-scores", suffix=".npz", metavar="FILE.npz",
-              help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
+                    help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
-              help="Write score histograms (in- vs out-of-distribution, one panel per score) to FILE.png.")
+                    help="Write score histograms (in- vs out-of-distribution, one panel per score) to FILE.png.")
 @seed_option(0)
 @device_option
 @data_options
 @output_options
-def cli(model_path, ood, id_name, split, score, metric, n, sigma, bootstrap, level, batch_size, save_scores, plot, seed,
-        device, data_root, download, **output):
+def cli(model_path, ood, id, split, scores, metrics, n, input_sigma, bootstrap, level, batch_size, save_scores, plot,
+        seed, device, data_root, download, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
     \b
@@ -63,15 +61,15 @@ def cli(model_path, ood, id_name, split, score, metric, n, sigma, bootstrap, lev
     Example:
       jemeval ood --model runs/digits/best.pt --ood uniform,constant,interp,gaussian --plot ood.png
     """
+    from jemeval.artifacts import save_ood_scores
     from jemeval.evaluation.ood import evaluate_ood
+    from jemeval.plots.ood import plot_ood_result
 
     result = evaluate_ood(
-        model_path, split_list(ood, "--ood"), id=id_name, split=split, scores=split_list(score, "--score"),
-        metrics=split_list(metric, "--metric") if metric else None, n=n, sigma=sigma, seed=seed,
+        model_path, split_list(ood, "--ood"), id=id, split=split, scores=split_list(scores, "--score"),
+        metrics=split_list(metrics, "--metric") if metrics else None, n=n, input_sigma=input_sigma, seed=seed,
         bootstrap=bootstrap, level=level, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download, save_scores=save_scores, plot=plot,
+        data_root=data_root, download=download, progress=progress(),
     )
-    for path in (save_scores, plot):
-        if path:
-            click.echo(f"wrote {path}", err=True)
+    write_files(result, (save_scores, save_ood_scores), (plot, plot_ood_result))
     emit(result, columns=COLUMNS, **output)

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from jemeval.cli.options import Command
+from jemeval.cli.paths import Command
 
 
 def plugin_report() -> list[dict]:

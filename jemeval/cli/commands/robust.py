@@ -4,20 +4,17 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.options import (
-    Command,
     data_options,
-    dataset_option,
     device_option,
-    emit,
     model_option,
-    output_options,
-    output_path_option,
     parse_floats,
     parse_ints,
     resolve_device,
     seed_option,
     split_list,
 )
+from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "clean_accuracy", "n",
            "median_min_perturbation", "seconds"]
@@ -38,35 +35,48 @@ def split_attack_specs(value: str) -> list[str]:
 @model_option
 @click.option("--norm", required=True, help="Threat model: l2 or linf.")
 @click.option("--refine-steps", default="0", show_default=True,
-              help="SGLD refinement steps K before classifying; a list (0,1,10) attacks each K and plots them together.")
+              help="SGLD refinement steps K before classifying; a list (0,1,10) attacks each K and plots them "
+                   "together.")
 @click.option("--attack", "attacks", default="pgd", show_default=True,
-              help="Attack(s), comma-separated: pgd, boundary, pointwise or a plugin's; options as pgd:steps=100,restarts=5.")
+              help="Attack(s), comma-separated: pgd, boundary, pointwise or a plugin's; options as "
+                   "pgd:steps=100,restarts=5.")
 @click.option("--epsilons", default=None,
               help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255 (default: a norm-specific list "
                    "ending at a size that should defeat any undefended model).")
-@click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True, help="Seeded random subset of the test set (the paper: 300).")
-@click.option("--steps", type=int, default=None, help="Attack iterations (PGD default 40, the paper 100; Boundary default 1000).")
+@click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Seeded random subset of the test set (the paper: 300).")
+@click.option("--steps", type=int, default=None,
+              help="Attack iterations (PGD default 40, the paper 100; Boundary default 1000).")
 @click.option("--restarts", type=int, default=None, help="PGD random restarts (default 1, the paper 20).")
 @click.option("--grad-mode", default="full", show_default=True,
-              help="How the attacker differentiates through refinement: full, bpda (the release's), eot; a list runs each.")
-@click.option("--chains", type=int, default=5, show_default=True, help="Noisy copies of each input refined and averaged (the paper: 5).")
-@click.option("--sigma", type=float, default=0.0, show_default=True,
-              help="Std of the noise added to each chain before refinement (the JEM release used 0.03: pass --sigma 0.03 to reproduce it).")
-@click.option("--eot-samples", type=int, default=10, show_default=True, help="Noise draws averaged per gradient with --grad-mode eot.")
-@click.option("--grad-checkpoint/--no-grad-checkpoint", "grad_checkpoint", default=None,
-              help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from 5 steps.")
-@click.option("--sgld-lr", type=float, default=None, help="SGLD step size for refinement (default: the checkpoint's, else 1.0).")
-@click.option("--sgld-std", type=float, default=None, help="SGLD noise std for refinement (default: the checkpoint's, else 0.01).")
-@dataset_option("--data", default=None, help="Dataset whose test split is attacked. Default: the model's training dataset.")
+              help="How the attacker differentiates through refinement: full, bpda (the release's), eot; a list "
+                   "runs each.")
+@click.option("--chains", type=int, default=5, show_default=True,
+              help="Noisy copies of each input refined and averaged (the paper: 5).")
+@click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,
+              help="Std of the noise added to each chain before refinement (the JEM release used 0.03: pass "
+                   "--sigma 0.03 to reproduce it).")
+@click.option("--eot-samples", type=int, default=10, show_default=True,
+              help="Noise draws averaged per gradient with --grad-mode eot.")
+@click.option("--grad-checkpoint/--no-grad-checkpoint", "checkpoint", default=None,
+              help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from "
+                   "5 steps.")
+@click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
+              help="SGLD step size for refinement (default: the checkpoint's, else 1.0).")
+@click.option("--sgld-std", "sgld_noise", type=float, default=None,
+              help="SGLD noise std for refinement (default: the checkpoint's, else 0.01).")
+@dataset_option("--data", default=None,
+                help="Dataset whose test split is attacked. Default: the model's training dataset.")
 @click.option("--batch-size", type=int, default=100, show_default=True, help="Inputs per attack call.")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
-              help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png.")
+                    help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png.")
 @seed_option(0)
 @device_option
 @data_options
 @output_options
-def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, grad_mode, chains, sigma, eot_samples,
-        grad_checkpoint, sgld_lr, sgld_std, data, batch_size, plot, seed, device, data_root, download, **output):
+def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, grad_mode, chains, chain_sigma,
+        eot_samples, checkpoint, sgld_step_size, sgld_noise, data, batch_size, plot, seed, device, data_root, download,
+        **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
     \b
@@ -83,16 +93,16 @@ def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, g
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
     """
     from jemeval.evaluation.robustness import robust
+    from jemeval.plots.robustness import plot_robust_result
 
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
         attacks=split_attack_specs(attacks),
         epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
         data=data, n=n, seed=seed, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
-        chains=chains, sigma=sigma, eot_samples=eot_samples, checkpoint=grad_checkpoint, sgld_step_size=sgld_lr,
-        sgld_noise=sgld_std, batch_size=batch_size, device=resolve_device(device), root=data_root, download=download,
-        plot=plot,
+        chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples, checkpoint=checkpoint,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, batch_size=batch_size, device=resolve_device(device),
+        data_root=data_root, download=download, progress=progress(),
     )
-    if plot:
-        click.echo(f"wrote {plot}", err=True)
+    write_files(result, (plot, plot_robust_result))
     emit(result, columns=COLUMNS, **output)

@@ -4,39 +4,34 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import (
-    Command,
-    dataset_option,
-    device_option,
-    emit,
-    model_option,
-    output_options,
-    output_path_option,
-    resolve_device,
-    seed_option,
-)
+from jemeval.cli.options import device_option, model_option, resolve_device, seed_option
+from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 
 def sampling_options(fn):
-    """The generation options shared by ``jemeval sample`` and ``jemeval fidelity``."""
+    """The generation options shared by ``jemeval sample`` and ``jemeval fidelity`` (each named as the
+    parameter of :func:`jemeval.evaluation.generation.sample` it fills)."""
     options = [
         click.option("--class", "classes", default=None, metavar="C|all",
                      help="Class-conditional chains (ascend log p~(x, y)) for class C, a list 0,3 or all; "
                           "omit for unconditional chains (ascend log p~(x))."),
-        click.option("--n", "n", type=int, default=64, show_default=True, help="Chains per class (or in total when unconditional)."),
+        click.option("--n", "n", type=int, default=64, show_default=True,
+                     help="Chains per class (or in total when unconditional)."),
         click.option("--steps", type=click.IntRange(min=0), default=None, help="SGLD steps [default: 100]."),
         click.option("--init", type=click.Choice(["noise", "buffer", "data"]), default="noise", show_default=True,
                      help="Chain starts: fresh U(-1, 1) noise, the checkpoint's replay buffer, or training images."),
         dataset_option("--data", default=None, help="Dataset for --init data [default: the model's dataset]."),
         click.option("--data-root", type=click.Path(file_okay=False), default=None, help="Folder holding datasets."),
-        click.option("--sgld-lr", "step_size", type=float, default=None,
+        click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
                      help="SGLD step size [default: the checkpoint's training value, else JEM's 1.0]."),
-        click.option("--sgld-std", "noise", type=float, default=None,
+        click.option("--sgld-std", "sgld_noise", type=float, default=None,
                      help="SGLD noise std [default: the checkpoint's training value, else JEM's 0.01]."),
         click.option("--bn-mode", type=click.Choice(["eval", "train"]), default=None,
                      help="BatchNorm mode while sampling [default: the checkpoint's, else eval as in JEM]."),
         click.option("--top-confident", type=float, default=None, metavar="P",
-                     help="Keep the P% most confident samples of each predicted class (JEM's published IS/FID use 10)."),
+                     help="Keep the P% most confident samples of each predicted class (JEM's published IS/FID "
+                          "use 10)."),
         click.option("--batch-size", type=int, default=256, show_default=True, help="Chains run at once."),
     ]
     for option in reversed(options):
@@ -45,10 +40,19 @@ def sampling_options(fn):
 
 
 def sample_from_options(model_path: str, device: str, seed: int, **opts):
-    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options."""
+    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options (progress on stderr)."""
     from jemeval.evaluation.generation import sample
 
-    return sample(model_path, device=resolve_device(device), seed=seed, progress=True, **opts)
+    return sample(model_path, device=resolve_device(device), seed=seed, progress=progress(always=True), **opts)
+
+
+def describe_samples(result) -> str:
+    """The line above the table: how the samples were drawn and how far log p~ rose."""
+    trace, s = result.extra["log_p_trace"], result.extra["settings"]
+    kept = (f"; kept top {s['top_confident']:g}% confident: {s['n_kept']} of {s['n_generated']}"
+            if s["top_confident"] else "")
+    return (f"{s['mode']} samples ({s['ascends']}), init {s['init']}, {s['sgld']['steps']} SGLD steps; "
+            f"mean {s['ascends']} {trace['first']:.3g} -> {trace['last']:.3g}{kept}")
 
 
 @click.command("sample", cls=Command)
@@ -70,16 +74,9 @@ def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown
       jemeval sample --model runs/digits/best.pt --class all --n 16 --out grid.png
       jemeval sample --model runs/digits/best.pt --init buffer --top-confident 10 --save samples.npz
     """
-    samples = sample_from_options(model_path, device, seed, **opts)
-    if grid_path is not None:
-        samples.save_grid(grid_path, per_row=per_row)
-        click.echo(f"wrote {grid_path}", err=True)
-    if npz_path is not None:
-        samples.save_npz(npz_path)
-        click.echo(f"wrote {npz_path}", err=True)
-    trace = samples.result.extra["log_p_trace"]
-    s = samples.settings
-    title = (f"{s['mode']} samples ({s['ascends']}), init {s['init']}, {s['sgld']['steps']} SGLD steps; "
-             f"mean {s['ascends']} {trace['first']:.3g} -> {trace['last']:.3g}"
-             + (f"; kept top {s['top_confident']:g}% confident: {s['n_kept']} of {s['n_generated']}" if s["top_confident"] else ""))
-    emit(samples.result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path, title=title)
+    result = sample_from_options(model_path, device, seed, **opts)
+    samples = result.extra["samples"]
+    write_files(result, (grid_path, lambda _, path: samples.save_grid(path, per_row=per_row)),
+                (npz_path, lambda _, path: samples.save_npz(path)))
+    emit(result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path,
+         title=describe_samples(result))

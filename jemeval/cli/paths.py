@@ -1,0 +1,173 @@
+"""The files a command reads and writes, checked before it runs.
+
+Options made with :func:`output_path_option`, :func:`input_path_option` and :func:`dataset_option`
+(and :func:`jemeval.cli.options.model_option`) carry their role, and :class:`Command` checks every
+output against every input before the command runs (:func:`check_paths`): no command may write over
+a file it reads, two outputs may not name one file, an output has the extension it should, and no
+output folder is created.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from jemeval.errors import JemevalError, UsageError
+from jemeval.registry import parse_spec, split_specs
+
+
+class _PathRole:
+    """A click parameter that names files: ``role`` is "output", "input" or "dataset" (a list of
+    dataset specs whose npz:FILE / folder:DIR parts are inputs). ``what`` describes an input in
+    messages ("the input checkpoint"); ``suffix`` is the extension an output must have."""
+
+    def __init__(self, *args, role: str, what: str | None = None, suffix: str | None = None, **kwargs):
+        self.role, self.what, self.suffix = role, what, suffix
+        super().__init__(*args, **kwargs)
+
+    @property
+    def label(self) -> str:
+        """How the user typed it: '--out' for an option, 'OUT' for an argument."""
+        return self.opts[0] if isinstance(self, click.Option) else (self.metavar or self.name.upper())
+
+
+class PathOption(_PathRole, click.Option):
+    pass
+
+
+class PathArgument(_PathRole, click.Argument):
+    pass
+
+
+class Command(click.Command):
+    """Every jemeval command: its file options are checked (:func:`check_paths`) before it runs."""
+
+    def invoke(self, ctx: click.Context):
+        check_paths(ctx)
+        return super().invoke(ctx)
+
+
+def output_path_option(*decls: str, suffix: str | None = None, **kwargs):
+    """An option naming a file the command writes (checked by :func:`check_paths`)."""
+    return click.option(*decls, cls=PathOption, role="output", suffix=suffix,
+                        type=click.Path(dir_okay=False), **kwargs)
+
+
+def input_path_option(*decls: str, what: str, **kwargs):
+    """An option naming a file the command reads; ``what`` names it in messages ("the samples file")."""
+    kwargs.setdefault("type", click.Path())
+    return click.option(*decls, cls=PathOption, role="input", what=what, **kwargs)
+
+
+def dataset_option(*decls: str, **kwargs):
+    """An option naming datasets (a spec or a comma list); their npz:/folder: files are inputs."""
+    return click.option(*decls, cls=PathOption, role="dataset", what="a dataset read", **kwargs)
+
+
+def check_paths(ctx: click.Context) -> None:
+    """Refuse, before any work, a bad output path: a wrong extension, a missing folder, a file the
+    command reads (same path after following symlinks, or the same inode), or another output's file."""
+    params = [p for p in ctx.command.params if isinstance(p, _PathRole)]
+    outputs = [(p, value) for p in params if p.role == "output" for value in _values(ctx.params.get(p.name))]
+    if not outputs:
+        return
+    inputs = list(_input_paths(ctx, params))
+    done: list[tuple[str, str]] = []
+    for param, path in outputs:
+        label = param.label
+        if param.suffix and Path(path).suffix.lower() != param.suffix:
+            raise UsageError(f"{label} must be a {param.suffix} file, got {path!r}")
+        _check_folder(label, path)
+        for what, in_label, in_path in inputs:
+            if same_file(path, in_path) or _inside(path, in_path):
+                where = "inside " if _inside(path, in_path) else ""
+                raise UsageError(f"{label} {path!r} is {where}{what} ({in_label}); choose another output path")
+        for other_label, other in done:
+            if same_file(path, other):
+                raise UsageError(f"{label} {path!r} is also {other_label}; give each output its own file")
+        done.append((label, path))
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when ``a`` and ``b`` name one file: the same inode, or the same path once symlinks are followed."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except (OSError, ValueError):  # one of them does not exist (yet)
+        pass
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _inside(path: str, folder: str | os.PathLike) -> bool:
+    """True when ``path`` lies inside the folder ``folder`` (writing there changes a folder dataset)."""
+    return Path(folder).is_dir() and Path(folder).resolve() in Path(path).resolve().parents
+
+
+def _check_folder(label: str, path: str) -> None:
+    folder = Path(path).parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"{label} {path!r}: folder {str(folder)!r} {what}; create it first or choose another "
+                         "output path")
+
+
+def _values(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _input_paths(ctx: click.Context, params: list[_PathRole]) -> Iterator[tuple[str, str, Path]]:
+    """(description, option, path) for every file the command reads, the model's default dataset included."""
+    models = []
+    for p in params:
+        for value in _values(ctx.params.get(p.name)):
+            if p.role == "input":
+                yield p.what, p.label, Path(value)
+                if p.name == "model_path":
+                    models.append(value)
+            elif p.role == "dataset":
+                for spec in split_specs(value, p.label) if value.strip() else []:
+                    yield from ((f"the {_kind(f)} of dataset {spec!r}", p.label, f) for f in dataset_files(spec))
+    defaulted = [p for p in params if p.role == "dataset" and ctx.params.get(p.name) is None]
+    for model in models if defaulted else []:
+        spec = checkpoint_dataset(model)
+        for f in dataset_files(spec) if spec else []:
+            yield (f"the {_kind(f)} of dataset {spec!r}, the model's training set read by default",
+                   defaulted[0].label, f)
+
+
+def _kind(path: Path) -> str:
+    return "folder" if path.is_dir() else "file"
+
+
+def dataset_files(spec: str) -> list[Path]:
+    """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE, ...)."""
+    try:
+        parsed = parse_spec(spec)
+    except JemevalError:  # a malformed spec: the command reports it itself
+        return []
+    found = []
+    for text in [parsed.variant, *parsed.options.values()]:
+        if not isinstance(text, str) or not text:
+            continue
+        if Path(text).expanduser().exists():
+            found.append(Path(text).expanduser())
+        elif ":" in text:
+            found.extend(dataset_files(text))
+    return found
+
+
+def checkpoint_dataset(path: str) -> str | None:
+    """The dataset a checkpoint records, read lazily (memory-mapped, tensors only); None when unreadable."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not a zip checkpoint, missing, refused: the real load says why
+        return None
+    dataset = ckpt.get("dataset") if isinstance(ckpt, dict) else None
+    return dataset if isinstance(dataset, str) else None

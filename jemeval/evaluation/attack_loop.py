@@ -1,0 +1,270 @@
+"""The attack loop behind :func:`jemeval.evaluation.robustness.robust`: attack, re-check, count.
+
+For every run (attack, refinement steps K, gradient mode) each batch of inputs is attacked through
+a freshly built :class:`~jemeval.sampling.refinement.RefinedClassifier`, the adversarials are checked
+(shape, range, inside every epsilon ball) and **re-classified by another refined classifier with
+fresh chains**: nothing the attack says about its own success is trusted. An input counts as robust
+at epsilon only if it is classified correctly both clean and after the attack. Minimisation attacks
+also give each input's minimal adversarial perturbation (verified the same way).
+
+Seeds: the clean predictions of K use ``seed + 1000 + K``, the re-check of run i ``seed + 2000 +
+97 i``, and attack calls on batch b run with torch and numpy seeded ``seed + 7919 b``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jemeval.components import pixel_to_model_scale
+from jemeval.errors import JemevalError
+from jemeval.evaluation.attacks import perturbation_norm, project_to_ball
+from jemeval.progress import ProgressArg, ProgressBar, progress_bar
+from jemeval.sampling.refinement import RefinedClassifier
+from jemeval.sampling.sgld import SGLD, frozen
+
+#: seconds between progress updates inside one attack call (see :class:`Heartbeat`)
+PROGRESS_REFRESH_S = 1.0
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch (and numpy, for foolbox's Pointwise attack); restore both RNGs afterwards."""
+    np_state = np.random.get_state()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            yield
+    finally:
+        np.random.set_state(np_state)
+
+
+class Heartbeat:
+    """A forward hook that keeps the progress moving during one long attack call.
+
+    An attack call on a batch runs for minutes (steps x restarts x refinement chains); the bar
+    only advances when it returns. The hook counts the attacked model's forward passes and reports
+    the count as the bar's note, at most every ``interval`` seconds.
+    """
+
+    def __init__(self, bar: ProgressBar, interval: float | None = None) -> None:
+        self.bar, self.interval = bar, PROGRESS_REFRESH_S if interval is None else interval
+        self.passes, self.shown = 0, time.monotonic()
+
+    def __call__(self, module, inputs, output) -> None:
+        self.passes += 1
+        now = time.monotonic()
+        if now - self.shown >= self.interval:
+            self.shown = now
+            self.bar.note(f"{self.passes} model passes")
+
+    @contextlib.contextmanager
+    def watching(self, module: nn.Module):
+        handle = module.register_forward_hook(self)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+
+def predict_batches(predictor: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([predictor(x[i:i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
+
+
+def validate_adversarials(adv: Any, x: torch.Tensor, epsilons: list[float], norm: str, name: str) -> torch.Tensor:
+    """An attack's output must be Tensor[E, N, C, H, W], in bounds and in each epsilon ball."""
+    expected = (len(epsilons), *x.shape)
+    if not torch.is_tensor(adv) or tuple(adv.shape) != expected:
+        got = tuple(adv.shape) if torch.is_tensor(adv) else type(adv).__name__
+        raise JemevalError(f"attack {name!r} returned {got}, expected a tensor of shape {expected} "
+                           "(epsilons x inputs)")
+    adv = adv.detach().to(x.device, x.dtype)
+    if not torch.isfinite(adv).all() or adv.min() < -1 - 1e-5 or adv.max() > 1 + 1e-5:
+        raise JemevalError(f"attack {name!r} returned adversarials outside the input range [-1, 1] (or non-finite)")
+    delta = (adv - x.unsqueeze(0)).flatten(2)
+    sizes = delta.abs().amax(2) if norm == "linf" else delta.norm(dim=2)  # E x N, model space
+    limits = torch.tensor([pixel_to_model_scale(e) for e in epsilons], device=x.device, dtype=x.dtype).unsqueeze(1)
+    excess = sizes - limits * (1 + 1e-5) - 1e-5
+    if (excess > 0).any():
+        e = int((excess > 0).any(1).nonzero()[0])
+        raise JemevalError(
+            f"attack {name!r} returned perturbations larger than epsilon {epsilons[e]:g} ({norm}, pixel units): "
+            f"largest {float(sizes[e].max()) / 2:.4g}; the attack must stay inside each epsilon ball"
+        )
+    return adv
+
+
+def distortion_curve(min_pert: torch.Tensor, max_eps: float, points: int = 101) -> dict[str, list[float]]:
+    """Robust accuracy as a function of epsilon from per-example minimal perturbations (pixel
+    units; 0 for cleanly misclassified inputs, inf where no adversarial was found)."""
+    grid = torch.linspace(0, max_eps, points, dtype=torch.float64)
+    d = min_pert.double().cpu()
+    acc = (d.unsqueeze(0) > grid.unsqueeze(1)).double().mean(1)
+    return {"epsilon": grid.tolist(), "robust_accuracy": acc.tolist()}
+
+
+def is_minimization(attack: Any) -> bool:
+    """A minimisation attack: it searches each input's smallest adversarial (``minimize``)."""
+    return bool(getattr(attack, "minimization", False)) and hasattr(attack, "minimize")
+
+
+# -- the defence and one run -----------------------------------------------------------------------
+@dataclass
+class Defence:
+    """The refined classifier as ``robust`` configures it, and the seeded generators of its chains."""
+
+    model: nn.Module
+    chains: int
+    chain_sigma: float
+    sgld: SGLD
+    eot_samples: int
+    checkpoint: bool | None
+    seed: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def classifier(self, k: int, mode: str, generator: torch.Generator | None = None) -> RefinedClassifier:
+        """K refinement steps; a gradient-free run ("none") needs no gradient mode, so it gets "full"."""
+        return RefinedClassifier(self.model, k, chains=self.chains, sigma=self.chain_sigma, sgld=self.sgld,
+                                 grad_mode="full" if mode == "none" else mode, eot_samples=self.eot_samples,
+                                 checkpoint=self.checkpoint, generator=generator)
+
+    def generator(self, offset: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(self.seed + offset)
+
+
+@dataclass
+class Run:
+    """One (attack, K, gradient mode) of the evaluation."""
+
+    name: str
+    attack: Any
+    refine_steps: int
+    grad_mode: str
+
+
+@dataclass
+class Batches:
+    """The attacked inputs, their labels, the epsilons and how they are cut into attack calls."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    epsilons: list[float]
+    norm: str
+    batch_size: int
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return [(i, min(i + self.batch_size, len(self.x))) for i in range(0, len(self.x), self.batch_size)]
+
+
+def clean_correct(defence: Defence, ks: list[int], data: Batches, bar: ProgressBar) -> dict[int, torch.Tensor]:
+    """Per K, which inputs fresh chains classify correctly (one step of the bar per batch)."""
+    clean: dict[int, torch.Tensor] = {}
+    for k in ks:
+        bar.describe(f"robust: clean K={k}")
+        predictor = defence.classifier(k, "full", defence.generator(1000 + k))
+        parts = []
+        for lo, hi in data.spans:  # the same chunks predict_batches(predictor, x, batch_size) would use
+            parts.append(predict_batches(predictor, data.x[lo:hi], data.batch_size))
+            bar.update(1)
+        clean[k] = torch.cat(parts) == data.y
+    return clean
+
+
+def attack_run(defence: Defence, run: Run, index: int, data: Batches, bar: ProgressBar):
+    """(correct after attack E x N, verified minimal perturbations N or None, inputs without a start)."""
+    bar.describe(f"robust: {run.name} K={run.refine_steps} {run.grad_mode}")
+    attacked = defence.classifier(run.refine_steps, run.grad_mode).eval()
+    checker = defence.classifier(run.refine_steps, "full", defence.generator(2000 + 97 * index))
+    eps, norm, device = data.epsilons, data.norm, defence.device
+    correct_adv = torch.zeros(len(eps), len(data.x), dtype=torch.bool, device=device)
+    min_pert = torch.full((len(data.x),), math.inf, dtype=torch.float64, device=device)
+    without_start = 0
+    for b, (lo, hi) in enumerate(data.spans):
+        xb, yb = data.x[lo:hi], data.y[lo:hi]
+        with seeded(defence.seed + 7919 * b, device), frozen(defence.model), Heartbeat(bar).watching(attacked):
+            raw = run.attack.minimize(attacked, xb, yb).detach() if is_minimization(run.attack) else None
+            if raw is not None:
+                adv = torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps])
+            else:
+                adv = run.attack(attacked, xb, yb, eps)
+        without_start += int(getattr(run.attack, "last_without_start", 0) or 0)
+        adv = validate_adversarials(adv, xb, eps, norm, run.name)
+        preds = predict_batches(checker, adv.reshape(-1, *xb.shape[1:]), data.batch_size).view(len(eps), -1)
+        correct_adv[:, lo:hi] = preds == yb
+        if raw is not None:  # verified minimal perturbation, pixel units
+            fooled = predict_batches(checker, raw, data.batch_size) != yb
+            size = perturbation_norm(xb, raw, norm).double() / 2
+            min_pert[lo:hi] = torch.where(fooled, size, torch.full_like(size, math.inf))
+        bar.update(1)
+    return correct_adv, (min_pert if is_minimization(run.attack) else None), without_start
+
+
+def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Tensor, is_clean: torch.Tensor,
+                median: float | None, seconds: float) -> list[dict[str, Any]]:
+    """One record per epsilon of a run."""
+    robust_acc = (correct_adv & is_clean.unsqueeze(0)).double().mean(1).tolist()
+    clean_acc = float(is_clean.double().mean())
+    settings = dict(getattr(run.attack, "settings", {}) or {})
+    mode = run.grad_mode
+    return [{
+        "attack": run.name, "norm": data.norm, "epsilon": e, "refine_steps": run.refine_steps,
+        "robust_accuracy": acc, "clean_accuracy": clean_acc, "n": len(data.x), "grad_mode": mode,
+        "chains": defence.chains, "sigma": defence.chain_sigma,
+        "eot_samples": defence.eot_samples if mode == "eot" else None,
+        "steps": settings.get("steps"), "restarts": settings.get("restarts"),
+        "gradient_free": bool(getattr(run.attack, "gradient_free", False)),
+        "median_min_perturbation": median, "seconds": round(seconds, 3),
+    } for e, acc in zip(data.epsilons, robust_acc)]
+
+
+def minimal_perturbations(run: Run, data: Batches, min_pert: torch.Tensor, is_clean: torch.Tensor) -> dict[str, Any]:
+    """The per-example minimal perturbations of a minimisation run (0 where the clean input is
+    already misclassified), their median and the robustness-distortion curve."""
+    min_pert = torch.where(is_clean, min_pert, torch.zeros_like(min_pert))
+    max_eps = max(data.epsilons)
+    return {
+        "attack": run.name, "norm": data.norm, "refine_steps": run.refine_steps, "grad_mode": run.grad_mode,
+        "median": float(min_pert.median()), "found": int(torch.isfinite(min_pert).sum()),
+        "values": [v if math.isfinite(v) else None for v in min_pert.tolist()],
+        "curve": distortion_curve(min_pert, max_eps if max_eps > 0 else 1.0),
+    }
+
+
+def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches, *,
+                progress: ProgressArg = None) -> tuple[list[dict], list[dict], list[str]]:
+    """Every run on every batch: (records, minimal perturbations, notes).
+
+    The progress has one step per clean-prediction batch and per attacked batch; a
+    :class:`Heartbeat` moves it inside each attack call.
+    """
+    records, min_perturbations, notes = [], [], []
+    total = (len(ks) + len(runs)) * len(data.spans)
+    with progress_bar(progress, total, "robust", unit="batch", leave=True) as bar:
+        clean = clean_correct(defence, ks, data, bar)
+        for index, run in enumerate(runs):
+            start = time.perf_counter()
+            correct_adv, min_pert, without_start = attack_run(defence, run, index, data, bar)
+            seconds = time.perf_counter() - start
+            is_clean, median = clean[run.refine_steps], None
+            if min_pert is not None:
+                min_perturbations.append(minimal_perturbations(run, data, min_pert, is_clean))
+                median = min_perturbations[-1]["median"]
+            if without_start:
+                notes.append(f"{run.name} K={run.refine_steps}: {without_start} input(s) had no adversarial "
+                             "starting point and were not attacked")
+            records += run_records(defence, run, data, correct_adv, is_clean, median, seconds)
+    return records, min_perturbations, notes
