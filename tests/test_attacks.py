@@ -34,7 +34,8 @@ def _plain_foolbox(model, x, y, fb_attack, eps_pixel, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fmodel = fb.PyTorchModel(model, bounds=(-1, 1))
-        _, clipped, success = fb_attack(fmodel, x, fb.criteria.Misclassification(y), epsilons=[2 * e for e in eps_pixel])
+        criterion = fb.criteria.Misclassification(y)
+        _, clipped, success = fb_attack(fmodel, x, criterion, epsilons=[2 * e for e in eps_pixel])
     return torch.stack(clipped), success
 
 

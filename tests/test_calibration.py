@@ -13,8 +13,8 @@ from scipy.optimize import minimize_scalar
 import jemeval
 from jemeval.cli import cli
 from jemeval.errors import UsageError
-from jemeval.plots.calibration import plot_calibration_result
 from jemeval.evaluation.calibration import calibrate, fit_temperature, softmax64
+from jemeval.plots.calibration import plot_calibration_result
 
 
 def run(*args):

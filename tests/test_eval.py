@@ -52,7 +52,8 @@ def test_refinement_rows_and_identity_refinement(clf):
     with pytest.warns(DeprecationWarning) as caught:
         old = evaluate(clf, refine_steps=[0, 2], chains=2, step_size=0.0, noise=0.0, n=64, progress=False)
     assert {str(w.message).split(" (")[0] for w in caught} == {
-        "evaluate(): the keyword 'step_size' is now 'sgld_step_size'", "evaluate(): the keyword 'noise' is now 'sgld_noise'"}
+        "evaluate(): the keyword 'step_size' is now 'sgld_step_size'",
+        "evaluate(): the keyword 'noise' is now 'sgld_noise'"}
     assert old.records == result.records
     plain, refined = result.records
     assert (plain["refine_steps"], refined["refine_steps"]) == (0, 2)

@@ -53,7 +53,8 @@ def test_frechet_distance_special_cases():
     # a translation changes only the mean term: exactly ||shift||^2
     assert frechet_distance_from_features(f, f + shift) == pytest.approx(float(shift @ shift), rel=1e-9)
     # two 1-D Gaussians: (m1 - m2)^2 + (s1 - s2)^2
-    assert frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([3.0]), np.array([[1.0]])) == pytest.approx(4 + 1)
+    one_d = frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([3.0]), np.array([[1.0]]))
+    assert one_d == pytest.approx(4 + 1)
     # fewer samples than dimensions (singular covariances) stays finite and non-negative
     g = rng.normal(size=(5, 30))
     assert 0 <= frechet_distance_from_features(g, g[::-1] + 1) < np.inf
@@ -113,7 +114,8 @@ def test_missing_inception_weights_is_one_clear_line(digits_classifier_ckpt, tmp
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: IS/FID/KID need")
     assert fid_mod.INCEPTION_FILE in lines[0] and "Traceback" not in res.output
-    res = runner.invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--inception-weights", str(tmp_path / "nope.pth")])
+    res = runner.invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt),
+                              "--inception-weights", str(tmp_path / "nope.pth")])
     assert res.exit_code == 2 and "does not exist" in res.output
 
 
@@ -225,7 +227,8 @@ def test_weights_swapped_during_sampling_never_run_code(no_download, tmp_path, m
 
     monkeypatch.setattr(cmd, "sample_from_options", sampling_and_swap)
     monkeypatch.setattr(no_download.FeatureExtractorInceptionV3, "load_state_dict", spy)
-    res = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--inception-weights", str(weights),
+    res = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt),
+                                   "--inception-weights", str(weights),
                                    "--metrics", "is", "--n", "2", "--steps", "1", "--device", "cpu"])
     assert not marker.exists(), "the swapped-in pickle ran"
     assert weights.read_bytes().startswith(payload)  # the swap did happen
@@ -283,6 +286,8 @@ def test_ref_n_errors_name_the_parameter_and_the_flag(digits_classifier_ckpt):
     """Issue 11 item 14: `fidelity --ref-n 0` sampled first, then blamed `--n`."""
     with pytest.raises(UsageError, match=r"^ref_n must be a positive number of examples, got 0$"):
         fidelity(torch.zeros(4, 1, 8, 8), "digits", features=digits_classifier_ckpt, metrics="fd", ref_n=0)
-    r = CliRunner().invoke(cli, ["fidelity", "--model", str(digits_classifier_ckpt), "--features", str(digits_classifier_ckpt),
-                                 "--ref-n", "0", "--n", "2", "--steps", "1"])
-    assert r.exit_code == 2 and "'--ref-n'" in r.output and "'--n'" not in r.output and "SGLD" not in r.output, r.output
+    ckpt = str(digits_classifier_ckpt)
+    r = CliRunner().invoke(cli, ["fidelity", "--model", ckpt, "--features", ckpt, "--ref-n", "0", "--n", "2",
+                                 "--steps", "1"])
+    assert r.exit_code == 2 and "'--ref-n'" in r.output and "'--n'" not in r.output, r.output
+    assert "SGLD" not in r.output, r.output

@@ -9,12 +9,12 @@ import torch
 from click.testing import CliRunner
 
 import jemeval
+from jemeval.artifacts import Samples, SamplesResult, load_samples
 from jemeval.cli import cli
 from jemeval.errors import UsageError
-from jemeval.artifacts import Samples, SamplesResult, load_samples
 from jemeval.evaluation.generation import sample, top_confident_mask
-from jemeval.plots.grids import grid_rows
 from jemeval.formats.native import save_checkpoint
+from jemeval.plots.grids import grid_rows
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,8 @@ def test_conditional_samples_are_classified_as_their_target(conditional, gen_ckp
     pred = logits.argmax(1)
     # the records agree with an independent recomputation from the returned images
     assert torch.equal(pred, conditional.samples.predicted)
-    torch.testing.assert_close(logits.gather(1, conditional.samples.target.view(-1, 1)).squeeze(1), conditional.samples.log_p)
+    s = conditional.samples
+    torch.testing.assert_close(logits.gather(1, s.target.view(-1, 1)).squeeze(1), s.log_p)
     torch.testing.assert_close(logits.logsumexp(1), conditional.samples.log_px)
     rows = {r["class"]: r for r in conditional.records}
     for c in range(10):
@@ -159,7 +160,8 @@ def test_top_confident_mask_matches_a_per_class_loop(percent):
     pred = rng.integers(0, 7, size=200)
     pred[pred == 3] = 4  # an empty class
     conf = rng.random(200)
-    np.testing.assert_array_equal(top_confident_mask(pred, conf, percent), _top_confident_reference(pred, conf, percent))
+    expected = _top_confident_reference(pred, conf, percent)
+    np.testing.assert_array_equal(top_confident_mask(pred, conf, percent), expected)
 
 
 def test_top_confident_filter_in_sample(gen_ckpt):
@@ -193,7 +195,8 @@ def test_grid_has_one_row_per_class(conditional, tmp_path):
     groups = sorted(set(unc.samples.predicted.tolist()))
     assert labels == [f"pred {c}" for c in groups]
     assert len(x) == 4 * len(groups) and len(captions) == len(x)
-    assert int(torch.isnan(x.flatten(1)).all(1).sum()) == 4 * len(groups) - sum(min(4, int((unc.samples.predicted == c).sum())) for c in groups)
+    shown = sum(min(4, int((unc.samples.predicted == c).sum())) for c in groups)
+    assert int(torch.isnan(x.flatten(1)).all(1).sum()) == 4 * len(groups) - shown
     from matplotlib.image import imread
 
     img = imread(conditional.samples.save_grid(tmp_path / "grid.png"))

@@ -85,7 +85,8 @@ def test_ece_mce_rms_by_hand_with_edges_and_empty_bins():
     ece = sum(weights[b] * gaps[b] for b in gaps)
     assert mf.ece(probs, labels, bins=4) == pytest.approx(ece, abs=1e-12)
     assert mf.mce(probs, labels, bins=4) == pytest.approx(0.5, abs=1e-12)  # the empty bin is not a 0 gap
-    assert mf.rms(probs, labels, bins=4) == pytest.approx(np.sqrt(sum(weights[b] * gaps[b] ** 2 for b in gaps)), abs=1e-12)
+    expected_rms = np.sqrt(sum(weights[b] * gaps[b] ** 2 for b in gaps))
+    assert mf.rms(probs, labels, bins=4) == pytest.approx(expected_rms, abs=1e-12)
     table = mf.reliability_bins(probs, labels, 4)
     assert table["count"].tolist() == [2, 0, 2, 2]
     assert np.isnan(table["confidence"][1]) and np.isnan(table["accuracy"][1])

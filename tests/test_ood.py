@@ -57,7 +57,8 @@ def test_logit_scores_match_their_definitions(clf, digits_test):
     np.testing.assert_allclose(out.scores["maxlogit"], logits.amax(1).numpy(), rtol=1e-6)
     np.testing.assert_allclose(out.scores["energy:T=2"], (2 * (logits / 2).logsumexp(1)).numpy(), rtol=1e-5)
     # the plain scores called on the model agree with the from-logits path
-    np.testing.assert_allclose(jemeval.get("score", "logpx")(clf, digits_test.x).numpy(), out.scores["logpx"], rtol=1e-5)
+    logpx = jemeval.get("score", "logpx")(clf, digits_test.x).numpy()
+    np.testing.assert_allclose(logpx, out.scores["logpx"], rtol=1e-5)
 
 
 def test_logits_computed_once_per_batch(clf, digits_test):
@@ -114,7 +115,8 @@ def test_records_follow_the_contract(ood_run):
         assert r["id"] == "digits" and r["n_id"] == 200 and r["n_ood"] == 200
         assert r["auroc_lo"] <= r["auroc"] <= r["auroc_hi"]
     assert [r["score"] for r in result.records[::3]] == ["logpx", "maxprob", "gradnorm"]
-    assert [r["ood"] for r in result.records[:3]] == ["uniform", "constant", "interp:digits"]  # bare interp -> of the ID set
+    # a bare interp means interp of the ID set
+    assert [r["ood"] for r in result.records[:3]] == ["uniform", "constant", "interp:digits"]
     settings = result.provenance["settings"]
     assert settings["sigma"] == 0.01 and settings["seed"] == 1 and settings["bootstrap"] == 20
     assert result.provenance["checkpoint"]["sha256"]
@@ -280,7 +282,8 @@ def test_energy_temperature_must_be_positive_and_finite(digits_classifier_ckpt, 
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", f"energy:T={T}", "--n", 20)
     assert r.exit_code == 2 and "overflow" not in r.output
     assert r.output.strip().splitlines() == [
-        f"Error: score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got {T if T in ('0', '-1') else repr(T)}"]
+        "Error: score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got "
+        + (T if T in ("0", "-1") else repr(T))]
     logits = torch.randn(5, 3)
     ref = 2.0 * torch.logsumexp(logits / 2.0, dim=1)  # T * logsumexp(f / T), by hand
     assert torch.allclose(resolve_scores(["energy:T=2"])[0].on_batch(None, None, logits), ref)
