@@ -14,6 +14,7 @@ model (:func:`prepare_model`), its training dataset, input shapes and numeric ar
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from jemeval.data import iterate_batches
+from jemeval.data import input_shape_of, iterate_batches
 from jemeval.errors import JemevalError, UsageError
+from jemeval.formats.load import load_model
+from jemeval.plugins import get_registry
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.registry import check_options, parse_spec
 from jemeval.runtime.devices import resolve_device
@@ -55,8 +58,6 @@ class ScoreFn:
 
 def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
     """Score specs (``logpx``, ``energy:T=2``) -> :class:`ScoreFn`; unknown names fail with a suggestion."""
-    from jemeval.plugins import get_registry
-
     registry = get_registry()
     resolved, seen = [], set()
     for text in specs:
@@ -217,11 +218,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def prepare_model(model, device: str | torch.device | None = None):
     """An EnergyModel from a model or a checkpoint path, on ``device``, in eval mode."""
-    import os
-
     if isinstance(model, (str, os.PathLike)):
-        from jemeval.formats.load import load_model
-
         return load_model(model, device=device or "cpu")
     if device is not None:
         model = model.to(resolve_device(device))
@@ -230,8 +227,6 @@ def prepare_model(model, device: str | torch.device | None = None):
 
 def check_input_shape(model, dataset: Dataset, name: str) -> None:
     """A dataset whose images do not fit the model fails with both shapes named."""
-    from jemeval.data import input_shape_of
-
     expected = tuple(getattr(model, "input_shape", ()) or ())
     if not expected or len(dataset) == 0:
         return

@@ -28,7 +28,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jemeval.components import calibration_metric, ood_metric
+from jemeval.components import calibration_metric, metric_task, ood_metric
+from jemeval.errors import UsageError, did_you_mean
+from jemeval.plugins import get_registry
 
 
 def _labels_scores(id_scores, ood_scores):
@@ -177,9 +179,6 @@ def registered_metrics(task: str) -> list[tuple[str, object]]:
 
     Built-ins come first in their documented order, plugin metrics after them by name.
     """
-    from jemeval.components import metric_task
-    from jemeval.plugins import get_registry
-
     registry = get_registry()
     found = [(c.name, c.obj) for c in registry.components("metric") if metric_task(c.obj) == task]
     order = {name: i for i, name in enumerate(BUILTIN_METRICS)}
@@ -199,8 +198,6 @@ def select_metrics(task: str, names: Sequence[str] | None = None) -> list[tuple[
     by_name = dict(available)
     for name in names:
         if name not in by_name:
-            from jemeval.errors import UsageError, did_you_mean
-
             raise UsageError(f"unknown {TASK_NAMES[task]} metric {name!r}{did_you_mean(name, by_name)}; "
                              f"known: {', '.join(by_name)}")
     return [(name, by_name[name]) for name in dict.fromkeys(names)]

@@ -7,6 +7,8 @@ what the command line calls for ``--plot`` / ``--grid``. Plots never import the 
 """
 from __future__ import annotations
 
+from jemeval.atomic import atomic_path
+
 
 def pyplot():
     """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
@@ -20,8 +22,6 @@ def pyplot():
 
 def save_figure(fig, path) -> None:
     """Save a figure atomically as PNG and close it."""
-    from jemeval.atomic import atomic_path
-
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     pyplot().close(fig)
