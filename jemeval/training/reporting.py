@@ -17,6 +17,11 @@ from jemeval.training.metrics_log import MetricsLog
 from jemeval.training.progress import EpochStats, Progress
 
 
+def note(text: str) -> None:
+    """One ``jemeval train: ...`` line on stderr (also for the run folder's notes, :mod:`.rundir`)."""
+    print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+
+
 class Reporter:
     """metrics.csv (``metrics``), the progress bar and the stderr lines of one run."""
 
@@ -56,7 +61,7 @@ class Reporter:
     # -- stderr --------------------------------------------------------------------------------
     def note(self, text: str) -> None:
         if self.main:
-            print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+            note(text)
 
     def epoch_line(self, row: dict[str, Any]) -> None:
         """``epoch 3/20  loss ...  train ...%  val ...%  E(data) ...  lr ...  1.2 s (900 img/s)``."""

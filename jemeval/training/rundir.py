@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 from jemeval.atomic import stale_temp_files
 from jemeval.errors import UsageError
 from jemeval.training.config import resume_path
+from jemeval.training.reporting import note
 from jemeval.training.visuals import GRID_NAMES
 
 RUN_FILES = ("last.pt", "best.pt", "metrics.csv")
@@ -113,7 +113,7 @@ def _remove_run(out: Path) -> None:
     if samples.is_dir() and not any(samples.iterdir()):
         samples.rmdir()
     if removed:
-        _note(f"overwrite: removed the previous run in {str(out)!r} ({len(removed)} files)")
+        note(f"overwrite: removed the previous run in {str(out)!r} ({len(removed)} files)")
 
 
 def _remove_stale_temps(out: Path) -> None:
@@ -122,11 +122,7 @@ def _remove_stale_temps(out: Path) -> None:
     for path in stale:
         path.unlink(missing_ok=True)
     if stale:
-        _note(f"removed {len(stale)} temporary file(s) left by an interrupted write in {str(out)!r}")
-
-
-def _note(text: str) -> None:
-    print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+        note(f"removed {len(stale)} temporary file(s) left by an interrupted write in {str(out)!r}")
 
 
 # -- the lock -----------------------------------------------------------------------------------
@@ -212,7 +208,7 @@ class RunLock:
         try:
             if self.holder() == stale:
                 self.path.unlink(missing_ok=True)
-                _note(f"took over the lock of {str(self.path.parent)!r} left by process {stale['pid']}, "
+                note(f"took over the lock of {str(self.path.parent)!r} left by process {stale['pid']}, "
                       "which is no longer running")
         finally:
             os.close(fd)
