@@ -115,6 +115,8 @@ def pytest_collection_finish(session):
     import fixture_cache
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if session.config.option.collectonly:
+        return
     needed = [f for f in TRAINED if any(f in getattr(item, "fixturenames", ()) for item in session.items)]
     if not worker.startswith("gw") or not needed:
         return
