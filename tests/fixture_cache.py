@@ -7,7 +7,7 @@ the same digits models again. Here a fixture is built by exactly one process and
   files that build the fixture (conftest.py, this module), the fixture's settings and the
   torch / Python versions. Change any of them and the old entry is simply never looked up again.
 - one builder at a time per entry, under a ``filelock`` lock (an OS lock: a killed builder
-  releases it, no stale lock files to clean up); the others wait, then reuse its result.
+  releases it, nothing stale to clean up by hand); the others wait, then reuse its result.
 - an entry is built in a temporary folder, finished with a manifest (size and sha256 of every
   file) and renamed into place in one step. A reader uses an entry only when its manifest parses
   and every file matches it, so a half-written or damaged entry is rebuilt, never used.
@@ -18,6 +18,7 @@ rebuild. Entries unused for :data:`MAX_AGE_DAYS` days and builds abandoned for a
 """
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
@@ -45,7 +46,7 @@ class Busy(RuntimeError):
 
 def cache_root() -> Path:
     """The cache folder, created 0700 if missing; refused when another user could write into it."""
-    uid = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    uid = os.getuid() if hasattr(os, "getuid") else getpass.getuser()
     root = Path(os.environ.get(ENV) or Path(tempfile.gettempdir()) / f"jemeval-test-cache-{uid}")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = root.stat()
