@@ -110,3 +110,17 @@ def test_split_specs_keeps_a_single_name_whole():
     assert split_specs(("uniform", " interp "), "ood") == ["uniform", "interp"]
     with pytest.raises(UsageError, match="ood is empty"):
         split_specs(" , ", "ood")
+
+
+def test_checkpoint_layouts_keep_their_authors_names_and_must_match_something():
+    from jemeval.formats.foreign import CheckpointLayout
+    from jemeval.registry import normalize_kind
+
+    r = Registry()
+    layout = CheckpointLayout("a layout", match=lambda obj: None)
+    assert r.add("checkpoint-layouts", "jem++/sada-jem", layout, plugin="p").help == "a layout"
+    with pytest.raises(UsageError, match=r"invalid name 'a\+b'.*letters, digits, '_', '.', '-', and start"):
+        r.add("model", "a+b", _f, plugin="p")  # '+' and '/' only for layouts, which nobody types in a spec
+    with pytest.raises(UsageError, match="not an object with match"):
+        r.add("checkpoint_layout", "nothing", _f, plugin="p")
+    assert normalize_kind("Checkpoint-Layouts") == "checkpoint_layout"

@@ -120,7 +120,7 @@ class PGDAttack:
                 "restarts": self.restarts, "rel_stepsize": self.rel_stepsize, "random_start": self.random_start}
 
     def foolbox_attack(self):
-        """The foolbox attack object this adapter runs (also what a test runs directly)."""
+        """The foolbox attack object this adapter runs."""
         fb = import_foolbox()
         cls = fb.attacks.LinfPGD if self.norm == "linf" else fb.attacks.L2PGD
         attack = cls(steps=self.steps, rel_stepsize=self.rel_stepsize, random_start=self.random_start)

@@ -173,7 +173,7 @@ def interp(split, root, download, *, variant: str | None = None, base: str | Non
     """Averages of pairs of another dataset's images (``interp:digits``), the paper's Interp set."""
     base = variant or base
     if not base:
-        raise UsageError("name the dataset to interpolate, e.g. --ood interp:digits")
+        raise UsageError("name the dataset to interpolate, e.g. interp:digits")
     x, _ = to_arrays(load_dataset(base, split, root, download))
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.randperm(len(x), generator=g)
