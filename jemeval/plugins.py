@@ -268,7 +268,8 @@ class PluginManager:
     def versions(self) -> dict[str, str | None]:
         """Plugin name -> version of every installed or registered plugin, and jemeval's, for provenance."""
         with self._lock:
-            return {i.name: i.version for i in self.infos.values() if not i.builtin} | {"jemeval": __version__}
+            plugins = sorted((i for i in self.infos.values() if not i.builtin), key=lambda i: i.name)
+            return {i.name: i.version for i in plugins} | {"jemeval": __version__}
 
 
 _manager: PluginManager | None = None

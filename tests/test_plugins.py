@@ -445,3 +445,12 @@ def test_every_hook_has_a_test():
     tests = {node.name for path in (ROOT / "tests").glob("test_*.py")
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)}
     assert [name for name in hookspecs.specs() if f"test_hook_{name}" not in tests] == []
+
+
+def test_provenance_records_every_plugin_version():
+    from jemeval.provenance import provenance
+
+    with testing.registered_plugin(types.SimpleNamespace(), name="versioned", version="2.1"):
+        plugins = provenance(command="test")["plugins"]
+    assert plugins["versioned"] == "2.1" and plugins["example"] == "0.1.0" and plugins["jemeval"] == jemeval.__version__
+    assert not any(name.startswith("jemeval.") for name in plugins)  # built-ins are jemeval's version
