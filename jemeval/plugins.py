@@ -3,7 +3,7 @@
 * Built-ins are ordinary plugins (``DEFAULT_PLUGINS``), registered through the same hooks. They are
   imported when first needed: the command plugin when the command line lists or finds a command, the
   component plugins (which import torch) when the registry is first built, so ``jemeval --help``
-  stays fast.
+  stays fast and the Python API never imports the command line.
 * Third-party plugins come from the entry-point group ``jemeval``. Set
   ``JEMEVAL_DISABLE_PLUGIN_AUTOLOAD=1`` to skip them (built-ins still load), like pytest's
   ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``.
@@ -35,18 +35,20 @@ from jemeval.registry import HOOKS, KINDS, Registry
 
 ENTRY_POINT_GROUP = "jemeval"
 DISABLE_AUTOLOAD_ENV = "JEMEVAL_DISABLE_PLUGIN_AUTOLOAD"
-#: the built-in plugin that adds jemeval's own commands through ``register_commands``
-COMMANDS_PLUGIN = "jemeval.cli.default_commands"
-#: every built-in plugin, imported by name when first needed (nothing here imports them statically)
-DEFAULT_PLUGINS = (
+#: the built-in component plugins, imported (by name: nothing here imports them statically) when the
+#: registry is first built
+COMPONENT_PLUGINS = (
     "jemeval.builtins.models",
     "jemeval.builtins.datasets",
     "jemeval.builtins.scores",
     "jemeval.builtins.metrics",
     "jemeval.builtins.attacks",
     "jemeval.builtins.layouts",
-    COMMANDS_PLUGIN,
 )
+#: the built-in plugin that adds jemeval's own commands through ``register_commands``, imported when
+#: the command line first lists or looks up a command
+COMMANDS_PLUGIN = "jemeval.cli.default_commands"
+DEFAULT_PLUGINS = (*COMPONENT_PLUGINS, COMMANDS_PLUGIN)
 
 
 @dataclass
@@ -203,7 +205,7 @@ class PluginManager:
     def registry(self) -> Registry:
         with self._lock:
             if self._registry is None:
-                self._load_builtins()
+                self._load_builtins(COMPONENT_PLUGINS)
                 self._registry = self._build_registry()
             return self._registry
 
@@ -261,9 +263,11 @@ class PluginManager:
     # -- reports -------------------------------------------------------------------------------
     def plugin_infos(self) -> list[PluginInfo]:
         """Every plugin, built-ins first, after running every hook (so ``registered`` is complete)."""
-        _ = self.registry  # run the component hooks
-        self.commands()
-        return sorted(self.infos.values(), key=lambda i: (not i.builtin, i.name))
+        with self._lock:
+            self._load_builtins()
+            _ = self.registry  # run the component hooks
+            self.commands()
+            return sorted(self.infos.values(), key=lambda i: (not i.builtin, i.name))
 
     def versions(self) -> dict[str, str | None]:
         """Plugin name -> version of every installed or registered plugin, and jemeval's, for provenance."""

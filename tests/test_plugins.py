@@ -454,3 +454,10 @@ def test_provenance_records_every_plugin_version():
         plugins = provenance(command="test")["plugins"]
     assert plugins["versioned"] == "2.1" and plugins["example"] == "0.1.0" and plugins["jemeval"] == jemeval.__version__
     assert not any(name.startswith("jemeval.") for name in plugins)  # built-ins are jemeval's version
+
+
+def test_the_python_api_never_imports_the_command_line():
+    code = ("import sys, jemeval; jemeval.names('score'); jemeval.get('checkpoint_layout', 'jem-release')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('jemeval.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "[]"
