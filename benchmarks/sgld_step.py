@@ -98,15 +98,18 @@ def main(argv=None) -> None:
     print(f"{'':20s} {'cpu':>9s} {'cpu':>9s}   {'cpu':>6s} {'wall':>6s}              {'cpu':>6s} {'wall':>6s}")
     for name in configs:
         tr, st = t[f"train/{name}"], t[f"step/{name}"]
-        print(f"{name:20s} {fmt_ms(tr['cpu'])} {fmt_ms(st['cpu'])}   {st['cpu'] / tr['cpu']:6.3f} {st['wall'] / tr['wall']:6.3f}"
-              f"              {st['cpu'] / train32['cpu']:6.3f} {st['wall'] / train32['wall']:6.3f}")
+        print(f"{name:20s} {fmt_ms(tr['cpu'])} {fmt_ms(st['cpu'])}   "
+              f"{st['cpu'] / tr['cpu']:6.3f} {st['wall'] / tr['wall']:6.3f}              "
+              f"{st['cpu'] / train32['cpu']:6.3f} {st['wall'] / train32['wall']:6.3f}")
     for name in ("naive step", "forward only"):
         r = t[name]
-        print(f"{name:20s} {'':9s} {fmt_ms(r['cpu'])}   {r['cpu'] / train32['cpu']:6.3f} {r['wall'] / train32['wall']:6.3f}   (vs fp32 train)")
+        print(f"{name:20s} {'':9s} {fmt_ms(r['cpu'])}   "
+              f"{r['cpu'] / train32['cpu']:6.3f} {r['wall'] / train32['wall']:6.3f}   (vs fp32 train)")
     js, ns = t["step/fp32"], t["naive step"]
     print(f"jemeval fp32 step / naive step: cpu {js['cpu'] / ns['cpu']:.3f}, wall {js['wall'] / ns['wall']:.3f}")
     fw = t["forward only"]
-    print(f"fp32 floor estimate (2 x forward) / train: cpu {2 * fw['cpu'] / train32['cpu']:.3f}, wall {2 * fw['wall'] / train32['wall']:.3f}")
+    print(f"fp32 floor estimate (2 x forward) / train: cpu {2 * fw['cpu'] / train32['cpu']:.3f}, "
+          f"wall {2 * fw['wall'] / train32['wall']:.3f}")
     for name, s in compile_s.items():
         print(f"torch.compile start-up ({name}): {s:.1f} s")
 

@@ -15,11 +15,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from jemeval.errors import UsageError, WriteError
+
 TEMP_SUFFIX = ".tmp"
 #: What ``tempfile.mkstemp`` puts between prefix and suffix: 8 characters from this set.
 _MKSTEMP_RANDOM = r"[a-z0-9_]{8}"
-
-from jemeval.errors import UsageError, WriteError
 
 #: errno values that mean "no room for this file" rather than a bug or a permission problem
 SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large",

@@ -5,14 +5,20 @@ The Python API speaks one vocabulary (``input_sigma`` for noise on evaluation in
 evaluation functions compute and return data. Calls written for the previous release still run:
 :func:`deprecated_keywords` maps a renamed keyword to its new name, and an output keyword (``plot=``,
 ``save_scores=``) to a writer that the function's :class:`~jemeval.results.Result` is handed to
-after it returns, so the function itself never writes a file.
+after it returns, so the function itself never writes a file. A writer is named by its import path
+(``"jemeval.plots.ood:plot_ood_result"``), not imported: evaluation does not depend on the
+presentation code, which only a call still using an old output keyword loads.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
+
+#: a writer ``writer(result, path)``, or its import path "package.module:function"
+Writer = Callable[[Any, Any], Any] | str
 
 #: how long the old forms keep working
 REMOVAL = "it will be removed in the next release"
@@ -23,14 +29,21 @@ def warn_deprecated(message: str, *, stacklevel: int = 2) -> None:
     warnings.warn(f"{message} ({REMOVAL})", DeprecationWarning, stacklevel=stacklevel + 1)
 
 
-def deprecated_keywords(*, renamed: Mapping[str, str] | None = None,
-                        outputs: Mapping[str, Callable[[Any, Any], Any]] | None = None):
+def writer_of(ref: Writer) -> tuple[Callable[[Any, Any], Any], str]:
+    """The writer and the name to tell users to call: a callable as it is, a path imported now."""
+    if callable(ref):
+        return ref, f"{ref.__module__}.{ref.__qualname__}"
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name), f"{module}.{name}"
+
+
+def deprecated_keywords(*, renamed: Mapping[str, str] | None = None, outputs: Mapping[str, Writer] | None = None):
     """Decorator: old keyword names and output keywords of ``fn`` still work, each with a warning.
 
     ``renamed`` maps an old keyword to its new name (giving both is a TypeError, as Python does for
     a keyword given twice). ``outputs`` maps an old keyword such as ``plot`` to ``writer(result,
-    value)``, called with the returned result when the keyword is given and not None: the
-    writing happens in the caller's presentation helpers, not in the computation.
+    value)`` (a callable or its import path), called with the returned result when the keyword is
+    given and not None: the writing happens in presentation helpers, not in the computation.
     """
     renamed = dict(renamed or {})
     outputs = dict(outputs or {})
@@ -51,9 +64,10 @@ def deprecated_keywords(*, renamed: Mapping[str, str] | None = None,
             result = fn(*args, **kwargs)
             for key, value in wanted.items():
                 if value is not None:
+                    writer, where = writer_of(outputs[key])
                     warn_deprecated(f"{name}({key}=...): {name} returns data and writes no files; "
-                                    f"call {outputs[key].__module__}.{outputs[key].__name__}(result, path)")
-                    outputs[key](result, value)
+                                    f"call {where}(result, path)")
+                    writer(result, value)
             return result
 
         wrapper.renamed_keywords = dict(renamed)

@@ -1,21 +1,43 @@
-"""Shared fixtures. Models are trained once per test session and kept small: CI has 2 CPU cores."""
+"""Shared fixtures. Models are kept small (CI has 2 CPU cores) and trained once for all xdist
+workers and concurrent runs: tests/fixture_cache.py keeps them on disk, keyed by the source code
+(``$JEMEVAL_TEST_CACHE`` or ``<temp>/jemeval-test-cache-<uid>``; delete it to retrain)."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
-# Before torch is imported: idle OpenMP threads sleep instead of spinning, which otherwise makes
-# small CPU ops orders of magnitude slower whenever the machine is oversubscribed.
+import pytest
+
+# Before torch is imported (here only inside functions; test modules import it after this file):
+# idle OpenMP threads sleep instead of spinning, which otherwise makes small CPU ops orders of
+# magnitude slower whenever the machine is oversubscribed.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-torch.set_num_threads(1)  # CI has 2 cores; one thread per process avoids oversubscription stalls
+HERE = Path(__file__).resolve().parent
 
 
-def _train_digits_classifier(path, epochs=15, seed=0):
-    """A plain cross-entropy CNN on digits (about 2 s): the classifier baseline fixture."""
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(1)  # CI has 2 cores; one thread per process avoids oversubscription stalls
+
+
+# -- the trained models ----------------------------------------------------------------------------
+#: A plain cross-entropy CNN on digits: ~97% test accuracy in about 2 s.
+DIGITS_CLASSIFIER_FIXTURE = {"epochs": 15, "seed": 0}
+
+#: A shortened version of `jemeval train digits` (fewer epochs and SGLD steps, no grids): ~94% test
+#: accuracy and log p(x) AUROC ~1.0 against U(-1, 1) noise; about 15 s of one CPU core.
+DIGITS_JEM_FIXTURE = {"epochs": 12, "sgld_steps": 5, "decay_epochs": (9,), "grid_every": 0, "test_eval": False,
+                      "progress": False, "seed": 0, "device": "cpu"}
+
+
+def _train_digits_classifier(folder, epochs, seed):
+    """The classifier baseline fixture, trained with a bare loop (no jemeval.training involved)."""
+    import torch
+
     import jemeval
     from jemeval.formats.native import save_checkpoint
 
@@ -34,38 +56,94 @@ def _train_digits_classifier(path, epochs=15, seed=0):
             loss.backward()
             opt.step()
     model.eval()
-    save_checkpoint(path, model, dataset="digits", config={"fixture": "digits_classifier", "epochs": epochs})
-    return path
+    config = {"fixture": "digits_classifier", "epochs": epochs}
+    save_checkpoint(folder / "classifier.pt", model, dataset="digits", config=config)
+
+
+def _train_digits_jem(folder, **settings):
+    """A run folder of `jemeval train digits` (folder/run) with the fixture's settings."""
+    from jemeval.training import train
+
+    best = Path(train("digits", out=str(folder / "run"), **settings).summary["best"])
+    assert best == folder / "run" / "best.pt", best
+
+
+#: fixture name -> (cache entry name, settings, builder(folder, **settings), file the fixture returns)
+#: (longest first: see pytest_collection_finish)
+TRAINED = {
+    "digits_jem_ckpt": ("digits_jem", DIGITS_JEM_FIXTURE, _train_digits_jem, "run/best.pt"),
+    "digits_baseline_ckpt": ("digits_jem_baseline", {**DIGITS_JEM_FIXTURE, "px_weight": 0.0}, _train_digits_jem,
+                             "run/best.pt"),
+    "digits_classifier_ckpt": ("digits_classifier", DIGITS_CLASSIFIER_FIXTURE, _train_digits_classifier,
+                               "classifier.pt"),
+}
+
+
+def _cache_entry(fixture, timeout=None):
+    """The shared cache folder of a trained fixture, built now if this source tree has none yet.
+
+    The key covers the jemeval package this session imports, this file and the cache module: an
+    edit to any of them retrains.
+    """
+    import fixture_cache
+
+    import jemeval
+
+    name, settings, build, _ = TRAINED[fixture]
+    key = fixture_cache.source_key(Path(jemeval.__file__).resolve().parent, {"fixture": name, **settings},
+                                   extra_files=[HERE / "conftest.py", HERE / "fixture_cache.py"])
+    timeout = fixture_cache.LOCK_TIMEOUT_S if timeout is None else timeout
+    return fixture_cache.cached(name, key, lambda folder: build(folder, **settings), timeout=timeout)
+
+
+def _private_copy(fixture, tmp_path_factory):
+    """The fixture's file in this process's own copy of the cache entry: no test can alter the cache."""
+    import fixture_cache
+
+    name, _, _, filename = TRAINED[fixture]
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(_cache_entry(fixture), copy, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(fixture_cache.MANIFEST))
+    return copy / filename
+
+
+def pytest_collection_finish(session):
+    """Under xdist, build the trained fixtures this run needs before the first test, each worker
+    starting with a different one and skipping those another worker is building: two workers
+    train two models at once, and none sits waiting for a model while tests that need none could
+    run. A failed build is left to the fixture, which retries and reports it in a test."""
+    import fixture_cache
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if session.config.option.collectonly:
+        return
+    needed = [f for f in TRAINED if any(f in getattr(item, "fixturenames", ()) for item in session.items)]
+    if not worker.startswith("gw") or not needed:
+        return
+    first = int(worker[2:]) % len(needed)
+    for fixture in needed[first:] + needed[:first]:
+        try:
+            _cache_entry(fixture, timeout=0)
+        except fixture_cache.Busy:
+            continue  # another worker builds it; tests that need it wait in the fixture, others run
+        except Exception:
+            return
 
 
 @pytest.fixture(scope="session")
 def digits_classifier_ckpt(tmp_path_factory):
     """Path to a checkpoint of a plain digits classifier (cnn, width 16, ~97% test accuracy)."""
-    return _train_digits_classifier(tmp_path_factory.mktemp("clf") / "classifier.pt")
-
-
-# -- JEM fixtures from the built-in trainer (jemeval.training) ------------------------------------
-#: A shortened version of `jemeval train digits` (fewer epochs and SGLD steps, no grids): ~94% test
-#: accuracy and log p(x) AUROC ~1.0 against U(-1, 1) noise; about 15 s of one CPU core.
-DIGITS_JEM_FIXTURE = {"epochs": 12, "sgld_steps": 5, "decay_epochs": (9,), "grid_every": 0, "test_eval": False,
-                      "progress": False, "seed": 0, "device": "cpu"}
-
-
-def _train_digits_jem(out, **changes):
-    from jemeval.training import train
-
-    summary = train("digits", out=str(out), **{**DIGITS_JEM_FIXTURE, **changes})
-    return summary["best"]
+    return _private_copy("digits_classifier_ckpt", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def digits_jem_ckpt(tmp_path_factory):
     """Path to best.pt of a small JEM trained on digits with `jemeval train` settings (cnn width 32,
     12 epochs, 5 SGLD steps, buffer 1000, sigma 0.03); its config holds "sgld" and "sigma"."""
-    return _train_digits_jem(tmp_path_factory.mktemp("jem"))
+    return _private_copy("digits_jem_ckpt", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def digits_baseline_ckpt(tmp_path_factory):
     """Path to best.pt of the same run with --px-weight 0: the plain classifier baseline (no sampling)."""
-    return _train_digits_jem(tmp_path_factory.mktemp("jem_baseline"), px_weight=0.0)
+    return _private_copy("digits_baseline_ckpt", tmp_path_factory)

@@ -64,6 +64,14 @@ def test_an_output_keyword_hands_the_result_to_its_writer():
         assert _fn(1, save=None)["written"] == []  # None was the default: nothing to write, nothing to warn
 
 
+def test_a_writer_named_by_its_path_is_imported_only_when_used():
+    from jemeval.deprecations import writer_of
+    from jemeval.plots.ood import plot_ood_result
+
+    assert writer_of("jemeval.plots.ood:plot_ood_result") == (plot_ood_result, "jemeval.plots.ood.plot_ood_result")
+    assert writer_of(_writer) == (_writer, f"{__name__}._writer")
+
+
 # -- progress -----------------------------------------------------------------------------------------
 def test_resolve_progress():
     assert resolve_progress(False) is silent
@@ -118,7 +126,7 @@ def _modules(*relative):
         yield from (sorted(path.glob("*.py")) if path.is_dir() else [path])
 
 
-EVALUATION = [p for p in _modules("evaluation") if p.name != "attacks.py"]  # attacks.py: the foolbox wrappers
+EVALUATION = list(_modules("evaluation"))
 
 
 @pytest.mark.parametrize("path", EVALUATION, ids=lambda p: p.name)

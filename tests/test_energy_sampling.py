@@ -21,7 +21,8 @@ def test_energy_model_definitions():
 
 def test_normalization_is_applied_inside_the_model():
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 2 * 2, 2))
-    m = jemeval.EnergyModel(net, num_classes=2, input_shape=(3, 2, 2), normalization={"mean": [0.1, 0.2, 0.3], "std": [0.5, 0.5, 0.25]})
+    normalization = {"mean": [0.1, 0.2, 0.3], "std": [0.5, 0.5, 0.25]}
+    m = jemeval.EnergyModel(net, num_classes=2, input_shape=(3, 2, 2), normalization=normalization)
     x = torch.rand(4, 3, 2, 2)
     mean = torch.tensor([0.1, 0.2, 0.3]).view(1, 3, 1, 1)
     std = torch.tensor([0.5, 0.5, 0.25]).view(1, 3, 1, 1)
@@ -175,7 +176,8 @@ def test_cli_refuses_a_nan_step_size_in_one_line(digits_classifier_ckpt):
 
     from jemeval.cli import cli
 
-    for command in (["eval", "--refine-steps", "1", "--sgld-lr", "nan"], ["sample", "--steps", "1", "--sgld-std", "inf"]):
+    commands = (["eval", "--refine-steps", "1", "--sgld-lr", "nan"], ["sample", "--steps", "1", "--sgld-std", "inf"])
+    for command in commands:
         r = CliRunner().invoke(cli, [*command, "--model", str(digits_classifier_ckpt), "--device", "cpu"])
         assert r.exit_code == 2, r.output
         assert r.output.strip().splitlines()[-1].startswith("Error: SGLD ") and "finite number" in r.output

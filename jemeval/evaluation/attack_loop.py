@@ -25,7 +25,7 @@ from torch import nn
 
 from jemeval.components import pixel_to_model_scale
 from jemeval.errors import JemevalError
-from jemeval.evaluation.attacks import perturbation_norm, project_to_ball
+from jemeval.evaluation.threat import perturbation_norm, project_to_ball
 from jemeval.progress import ProgressArg, ProgressBar, progress_bar
 from jemeval.sampling.refinement import RefinedClassifier
 from jemeval.sampling.sgld import SGLD, frozen

@@ -36,7 +36,6 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
-from jemeval.plots.calibration import plot_calibration_result
 from jemeval.progress import ProgressArg
 from jemeval.provenance import provenance
 from jemeval.registry import call_with_supported
@@ -154,7 +153,8 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, data_root=N
     return ds, info, False
 
 
-@deprecated_keywords(renamed={"sigma": "input_sigma"}, outputs={"plot": plot_calibration_result})
+@deprecated_keywords(renamed={"sigma": "input_sigma"},
+                     outputs={"plot": "jemeval.plots.calibration:plot_calibration_result"})
 def calibrate(
     model,
     data: str | None = None,

@@ -21,7 +21,6 @@ from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import check_min, prepare_model
-from jemeval.plots.grids import save_distal_grid
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
 from jemeval.results import Result
@@ -41,7 +40,8 @@ def check_targets(target: int | Sequence[int], num_classes: int) -> list[int]:
     return targets
 
 
-@deprecated_keywords(renamed={"targets": "target", "sigma": "chain_sigma"}, outputs={"grid": save_distal_grid})
+@deprecated_keywords(renamed={"targets": "target", "sigma": "chain_sigma"},
+                     outputs={"grid": "jemeval.plots.grids:save_distal_grid"})
 def distal(
     model: EnergyModel | str,
     target: int | Sequence[int],

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jemeval.artifacts import OODScores, save_ood_scores
+from jemeval.artifacts import OODScores
 from jemeval.data import load_dataset, subsample
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
@@ -38,7 +38,6 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.metrics import select_metrics
-from jemeval.plots.ood import plot_ood_result
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
 from jemeval.registry import parse_spec, split_specs
@@ -193,7 +192,8 @@ def ood_records(
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma"},
-                     outputs={"save_scores": save_ood_scores, "plot": plot_ood_result})
+                     outputs={"save_scores": "jemeval.artifacts:save_ood_scores",
+                              "plot": "jemeval.plots.ood:plot_ood_result"})
 def evaluate_ood(
     model,
     ood: str | Sequence[str],

@@ -29,7 +29,6 @@ from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
-from jemeval.evaluation.attacks import check_norm
 from jemeval.evaluation.batching import (
     check_input_shape,
     check_min,
@@ -38,7 +37,7 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.robust_checks import sanity_checks
-from jemeval.plots.robustness import plot_robust_result
+from jemeval.evaluation.threat import check_norm
 from jemeval.plugins import get_registry
 from jemeval.progress import ProgressArg
 from jemeval.provenance import provenance
@@ -88,7 +87,7 @@ def check_grad_modes(modes: Iterable[str]) -> list[str]:
 
 
 def check_norm_param(norm: str) -> str:
-    """:func:`~jemeval.evaluation.attacks.check_norm` for the ``norm`` parameter (its message names it)."""
+    """:func:`~jemeval.evaluation.threat.check_norm` for the ``norm`` parameter (its message names it)."""
     try:
         return check_norm(norm, what="norm")
     except UsageError as exc:
@@ -159,7 +158,8 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
-@deprecated_keywords(renamed={"sigma": "chain_sigma", "root": "data_root"}, outputs={"plot": plot_robust_result})
+@deprecated_keywords(renamed={"sigma": "chain_sigma", "root": "data_root"},
+                     outputs={"plot": "jemeval.plots.robustness:plot_robust_result"})
 def robust(
     model: EnergyModel | str,
     *,

@@ -71,7 +71,8 @@ class ReplayBuffer:
             if not self.num_classes:
                 raise ValueError("class-conditional sampling needs a buffer built with num_classes")
             per_class = size // self.num_classes
-            idx = y.to(self.device) * per_class + torch.randint(0, per_class, (n,), generator=generator, device=self.device)
+            offset = torch.randint(0, per_class, (n,), generator=generator, device=self.device)
+            idx = y.to(self.device) * per_class + offset
         x0 = self.data[idx]
         fresh = uniform_like_shape(n, self.input_shape, device=self.device, generator=generator)
         reinit = torch.rand(n, generator=generator, device=self.device) < self.reinit_freq

@@ -80,7 +80,8 @@ def model_log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None
     return _log_p(model, x, y, None)
 
 
-def _log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, autocast_dtype: torch.dtype | None) -> torch.Tensor:
+def _log_p(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None,
+           autocast_dtype: torch.dtype | None) -> torch.Tensor:
     """:func:`model_log_p` with the network optionally under autocast; the reduction is fp32."""
     with _autocast(x, autocast_dtype):
         if y is not None and hasattr(model, "log_pxy"):  # an EnergyModel: lets conditional nets skip other classes
@@ -219,7 +220,9 @@ def check_sampler_fields(sampler, floats: Sequence[str] = ("step_size", "noise")
     """
     kind = type(sampler).__name__
     steps = sampler.steps
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not math.isfinite(steps) or steps != int(steps):
+    number = isinstance(steps, numbers.Real) and not isinstance(steps, bool)
+    whole = number and math.isfinite(steps) and steps == int(steps)
+    if not whole:
         raise UsageError(f"{kind} steps must be a whole number >= 0, got {steps!r}")
     if int(steps) < 0:
         raise UsageError(f"{kind} steps must be >= 0, got {steps}")
