@@ -162,6 +162,9 @@ class SamplesResult(Result):
         warn_deprecated("len(sample(...)): sample returns a Result; use len(result.extra['samples'])")
         return len(self.samples)
 
+    def __bool__(self) -> bool:  # a result is true, as every Result is (not "has samples", via __len__)
+        return True
+
 
 def load_samples(path: str | os.PathLike) -> tuple[torch.Tensor, dict[str, Any]]:
     """Images and generation provenance from a file written by :meth:`Samples.save_npz` (no pickle)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -240,3 +241,6 @@ def test_the_old_samples_attributes_still_work_with_a_warning(conditional, tmp_p
     assert load_samples(tmp_path / "s.npz")[0].shape == (30, 1, 8, 8)
     with pytest.raises(AttributeError):
         conditional.no_such_attribute  # noqa: B018
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conditional  # truth is not len(): no warning
