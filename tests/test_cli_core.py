@@ -83,7 +83,7 @@ def test_core_errors_name_parameters_and_the_cli_shows_flags():
 
     assert flag_message(UsageError("lr must be > 0, got -1", param="lr"), command) == "--lr must be > 0, got -1"
     assert flag_message(UsageError("sgld_lr must be finite", param="sgld_lr"), command) == "--sgld-lr must be finite"
-    assert flag_message(UsageError("the sgld_lr is bad", param="lr"), command) == "the sgld_lr is bad"  # whole words
+    assert flag_message(UsageError("the sgld_lrs are bad", param="lr"), command) == "the sgld_lrs are bad"  # words
     assert flag_message(UsageError("no parameter named"), command) == "no parameter named"
 
 

@@ -72,8 +72,15 @@ def test_image_folder(tmp_path):
 
 
 def test_missing_torchvision_dataset_says_how_to_download(tmp_path):
-    with pytest.raises(DatasetNotFoundError, match="run again with --download"):
+    with pytest.raises(DatasetNotFoundError, match="run again with download=True"):
         jemeval.load_dataset("cifar10", "test", root=tmp_path)
+    from click.testing import CliRunner
+
+    from jemeval.cli import cli
+
+    result = CliRunner().invoke(cli, ["train", "cifar10", "--data-root", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "run again with --download to fetch it" in result.output
+    assert "point --data-root at a folder" in result.output and not (tmp_path / "r").exists()
     with pytest.raises(UsageError, match="has no split 'valid'"):
         jemeval.load_dataset("svhn", "valid", root=tmp_path)
     with pytest.raises(UnknownNameError, match="did you mean 'cifar10'"):

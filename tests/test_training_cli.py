@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from jemeval.cli import cli
 from jemeval.cli.commands.train import cli as train_command
-from jemeval.cli.commands.train import flag_text
+from jemeval.cli import flag_message
 
 
 def invoke(*args):
@@ -57,9 +57,11 @@ def test_cli_bad_input_is_one_line_exit_2(args, words):
     assert words in result.output and "Traceback" not in result.output
 
 
-def test_flag_text_writes_parameters_as_the_commands_flags():
+def test_flag_message_writes_parameters_as_the_commands_flags():
+    from jemeval.errors import UsageError
+
     def flags(text, param=None):
-        return flag_text(text, train_command, param)
+        return flag_message(UsageError(text, param=param), train_command)
 
     assert flags("lr must be > 0, got -1.0", "lr") == "--lr must be > 0, got -1.0"
     assert flags("nproc=64 is more than the 2 CPU core(s): use nproc=2 or fewer", "nproc") == \

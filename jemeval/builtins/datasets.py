@@ -71,8 +71,8 @@ def _torchvision(name: str, build, root: Path, download: bool, *, num_classes, i
     except RuntimeError as exc:
         if "not found" in str(exc).lower() or "download" in str(exc).lower():
             raise DatasetNotFoundError(
-                f"dataset {name!r} not found under {str(root)!r}: run again with --download to fetch it "
-                f"(needs internet), or point --data-root at a folder that holds it"
+                f"dataset {name!r} not found under {str(root)!r}: run again with download=True to fetch it "
+                f"(needs internet), or point data_root at a folder that holds it"
             ) from None
         raise
     except OSError as exc:

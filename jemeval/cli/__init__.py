@@ -68,13 +68,18 @@ class JemevalGroup(click.Group):
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def _invoked(self, ctx) -> click.Command | None:
+        """The subcommand being run (its options name the flags in error messages)."""
+        name = ctx.invoked_subcommand
+        return self.get_command(ctx, name) if name else None
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except UsageError as exc:
-            raise click.UsageError(flag_message(exc, self.get_command(ctx, ctx.invoked_subcommand or ""))) from None
+            raise click.UsageError(flag_message(exc, self._invoked(ctx))) from None
         except JemevalError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(flag_message(exc, self._invoked(ctx))) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # a bug in jemeval or a plugin: one line unless debugging
@@ -87,21 +92,33 @@ class JemevalGroup(click.Group):
             ) from None
 
 
-def flag_message(exc: UsageError, command: click.Command | None) -> str:
-    """The error's text with its parameter written as the flag that sets it (``lr`` -> ``--lr``).
+def flag_message(exc: JemevalError, command: click.Command | None) -> str:
+    """The error's text with parameter names written as the flags that set them.
 
     The core names Python parameters (it is also called from Python); only the command line knows
-    its flags. The first whole-word mention of ``exc.param`` is replaced by the option's longest flag.
+    its flags: ``resume=True`` -> ``--resume``, ``nproc=4`` -> ``--nproc 4``, a bare mention of the
+    parameter the error is about (``exc.param``: ``lr`` -> ``--lr``) and of any multi-word option
+    name (``sgld_steps`` -> ``--sgld-steps``). Quoted values and paths are left alone.
     """
     text = str(exc)
-    param = getattr(exc, "param", None)
-    if not param or command is None:
+    if command is None:
         return text
+    param = getattr(exc, "param", None)
     for option in command.params:
-        if option.name == param and isinstance(option, click.Option):
-            flag = max(option.opts, key=len)
-            return re.sub(rf"(?<![\w-]){re.escape(param)}(?![\w])", flag, text, count=1)
+        if not isinstance(option, click.Option) or not option.name:
+            continue
+        name, flag = re.escape(option.name), max(option.opts, key=len)
+        if option.is_flag:
+            text = re.sub(rf"(?<![\w.-]){name}=True\b", lambda _, f=flag: f, text)
+        text = re.sub(rf"(?<![\w.-]){name}=('[^']*'|\"[^\"]*\"|[^\s,;)]+)",
+                      lambda m, f=flag: f"{f} {_unquoted(m.group(1))}", text)
+        if option.name == param or "_" in option.name:
+            text = re.sub(rf"(?<![\w./'\"-]){name}(?![\w./'\"=-])", lambda _, f=flag: f, text)
     return text
+
+
+def _unquoted(value: str) -> str:
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
 @click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 import click
 from click.core import ParameterSource
 
 from jemeval.cli.options import data_options, parse_ints
-from jemeval.errors import JemevalError, UsageError
 
 
 @click.command("train")
@@ -111,20 +109,16 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
       torchrun --nproc-per-node 2 -m jemeval train digits   # the same, launched by torchrun
     """
     # the training stack (torch) is imported when the command runs, not when the CLI starts
-    from jemeval.training import resolve_config, resume_from, train
+    from jemeval.training import train
+    from jemeval.training.config import resolve_config, resume_from
     from jemeval.training.launch import check_launch, launched_by_torchrun, relaunch
 
-    try:
-        given = _given(ctx, params, compile_=compile_, decay_epochs=decay_epochs, no_progress=no_progress)
-        config = resume_from(dataset, **given) if given.get("resume") else resolve_config(dataset, **given)
-        if nproc is not None and not launched_by_torchrun(nproc):
-            check_launch(config, nproc)
-            sys.exit(relaunch(nproc, _without_nproc(sys.argv[1:])))
-        summary = train(config).summary
-    except UsageError as exc:  # the command group prints it as one line
-        raise UsageError(flag_text(str(exc), ctx.command, exc.param)) from None
-    except JemevalError as exc:
-        raise JemevalError(flag_text(str(exc), ctx.command)) from None
+    given = _given(ctx, params, compile_=compile_, decay_epochs=decay_epochs, no_progress=no_progress)
+    config = resume_from(dataset, **given) if given.get("resume") else resolve_config(dataset, **given)
+    if nproc is not None and not launched_by_torchrun(nproc):
+        check_launch(config, nproc)
+        sys.exit(relaunch(nproc, _without_nproc(sys.argv[1:])))
+    summary = train(config).summary
     interrupted = summary["status"] == "interrupted"
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         sys.exit(130 if interrupted else 0)
@@ -144,28 +138,6 @@ def _given(ctx: click.Context, params: dict, *, compile_, decay_epochs, no_progr
     if no_progress:
         given["progress"] = False
     return given
-
-
-def flag_text(text: str, command: click.Command, param: str | None = None) -> str:
-    """``text`` with the training code's parameter names written as the flags that set them:
-    ``resume=True`` -> ``--resume``, ``nproc=4`` -> ``--nproc 4``, and bare mentions of ``param``
-    (the parameter the error is about) and of multi-word names (``sgld_steps`` -> ``--sgld-steps``).
-    Quoted values and paths are left alone."""
-    for option in command.params:
-        if not isinstance(option, click.Option) or not option.name:
-            continue
-        name, flag = re.escape(option.name), max(option.opts, key=len)
-        if option.is_flag:
-            text = re.sub(rf"(?<![\w.-]){name}=True\b", lambda _, f=flag: f, text)
-        text = re.sub(rf"(?<![\w.-]){name}=('[^']*'|\"[^\"]*\"|[^\s,;)]+)",
-                      lambda m, f=flag: f"{f} {_unquoted(m.group(1))}", text)
-        if option.name == param or "_" in option.name:
-            text = re.sub(rf"(?<![\w./'\"-]){name}(?![\w./'\"=-])", lambda _, f=flag: f, text)
-    return text
-
-
-def _unquoted(value: str) -> str:
-    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
 def _without_nproc(args: list[str]) -> list[str]:
