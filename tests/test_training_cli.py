@@ -8,9 +8,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from jemeval.cli import cli
+from jemeval.cli import cli, flag_message
 from jemeval.cli.commands.train import cli as train_command
-from jemeval.cli import flag_message
 
 
 def invoke(*args):

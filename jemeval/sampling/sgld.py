@@ -1,4 +1,4 @@
-"""SGLD sampling and the replay buffer, shared by training, refinement and generation.
+"""SGLD: the sampler JEM uses in practice, shared by training, refinement and generation.
 
 The update is the one JEM uses in practice (gradient *ascent* on log p~):
 

@@ -22,7 +22,7 @@ from jemeval.training.divergence import Adjustments
 from jemeval.training.feed import batch_plan
 from jemeval.training.metrics_log import MetricsLog
 from jemeval.training.parts import Parts, effective_config
-from jemeval.training.progress import EpochStats, Progress
+from jemeval.training.runstate import EpochStats, Progress
 from jemeval.training.state import capture_rng, restore_rng
 
 

@@ -13,7 +13,7 @@ import torch
 
 from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
-from jemeval.training.progress import Progress
+from jemeval.training.runstate import Progress
 from jemeval.training.splits import TrainingData
 
 

@@ -16,8 +16,8 @@ from jemeval.training import ddp
 from jemeval.training.checkpointing import restore, save_last
 from jemeval.training.divergence import Divergence, DivergenceMonitor
 from jemeval.training.parts import Parts, effective_config, make_step, seed_everything
-from jemeval.training.progress import Progress
 from jemeval.training.reporting import Reporter
+from jemeval.training.runstate import Progress
 from jemeval.training.schedule import run_rate
 from jemeval.training.step import TrainStep
 

@@ -14,7 +14,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from jemeval.training.metrics_log import MetricsLog
-from jemeval.training.progress import EpochStats, Progress
+from jemeval.training.runstate import EpochStats, Progress
 
 
 def note(text: str) -> None:

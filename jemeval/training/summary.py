@@ -19,7 +19,7 @@ from jemeval.results import Result
 from jemeval.training.checkpointing import config_record, run_provenance
 from jemeval.training.metrics_log import MetricsLog
 from jemeval.training.parts import Parts
-from jemeval.training.progress import Progress
+from jemeval.training.runstate import Progress
 
 
 class TrainResult(Result):

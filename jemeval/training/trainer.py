@@ -27,9 +27,9 @@ from jemeval.training.checkpointing import restore, save_best, save_last, stored
 from jemeval.training.config import TrainConfig
 from jemeval.training.divergence import Divergence
 from jemeval.training.parts import build, make_step
-from jemeval.training.progress import EpochStats, Progress
 from jemeval.training.recovery import check, recover
 from jemeval.training.reporting import Reporter
+from jemeval.training.runstate import EpochStats, Progress
 from jemeval.training.schedule import run_rate
 from jemeval.training.stopping import StopRequest
 from jemeval.training.summary import TrainResult, summarize
