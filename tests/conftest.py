@@ -69,13 +69,13 @@ def _train_digits_jem(folder, **settings):
 
 
 #: fixture name -> (cache entry name, settings, builder(folder, **settings), file the fixture returns)
-#: (longest first: see pytest_collection_finish)
+#: (in the order the workers start building them: see pytest_collection_finish)
 TRAINED = {
     "digits_jem_ckpt": ("digits_jem", DIGITS_JEM_FIXTURE, _train_digits_jem, "run/best.pt"),
-    "digits_baseline_ckpt": ("digits_jem_baseline", {**DIGITS_JEM_FIXTURE, "px_weight": 0.0}, _train_digits_jem,
-                             "run/best.pt"),
     "digits_classifier_ckpt": ("digits_classifier", DIGITS_CLASSIFIER_FIXTURE, _train_digits_classifier,
                                "classifier.pt"),
+    "digits_baseline_ckpt": ("digits_jem_baseline", {**DIGITS_JEM_FIXTURE, "px_weight": 0.0}, _train_digits_jem,
+                             "run/best.pt"),
 }
 
 
@@ -111,7 +111,10 @@ def pytest_collection_finish(session):
     """Under xdist, build the trained fixtures this run needs before the first test, each worker
     starting with a different one and skipping those another worker is building: two workers
     train two models at once, and none sits waiting for a model while tests that need none could
-    run. A failed build is left to the fixture, which retries and reports it in a test."""
+    run. The last worker starts with the longest build (the JEM): xdist hands it the last share of
+    the tests in file order, where the JEM's users are (test_generation, test_ood, test_robust,
+    test_training); the first worker's share opens with the classifier's. A failed build is left
+    to the fixture, which retries and reports it in a test."""
     import fixture_cache
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -120,7 +123,8 @@ def pytest_collection_finish(session):
     needed = [f for f in TRAINED if any(f in getattr(item, "fixturenames", ()) for item in session.items)]
     if not worker.startswith("gw") or not needed:
         return
-    first = int(worker[2:]) % len(needed)
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    first = (count - 1 - int(worker[2:])) % len(needed)
     for fixture in needed[first:] + needed[:first]:
         try:
             _cache_entry(fixture, timeout=0)
