@@ -107,6 +107,16 @@ def _private_copy(fixture, tmp_path_factory):
     return copy / filename
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, files holding ``slow`` tests (minutes of torchrun and subprocesses) run first:
+    started last, one of them would keep one worker busy long after the other ran out of tests.
+    A file's tests stay together (module fixtures are built once), in their own order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: False (slow files) first
+
+
 def pytest_collection_finish(session):
     """Under xdist, build the trained fixtures this run needs before the first test, each worker
     starting with a different one and skipping those another worker is building: two workers
