@@ -127,9 +127,9 @@ def pytest_collection_finish(session):
     to the fixture, which retries and reports it in a test."""
     import fixture_cache
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if session.config.option.collectonly:
         return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     needed = [f for f in TRAINED if any(f in getattr(item, "fixturenames", ()) for item in session.items)]
     if not worker.startswith("gw") or not needed:
         return
