@@ -32,7 +32,8 @@ from jemeval.runtime.fastpath import FastPath, joint_logits
 from jemeval.sampling.buffer import ReplayBuffer
 from jemeval.sampling.sgld import SGLD
 
-SWITCHES = {"jemeval": {}, "jemeval+cl": {"channels_last": True}, "jemeval+cl+bf16": {"channels_last": True, "bf16": True}}
+SWITCHES = {"jemeval": {}, "jemeval+cl": {"channels_last": True},
+            "jemeval+cl+bf16": {"channels_last": True, "bf16": True}}
 
 
 def jemeval_iteration(model, x_lab, y_lab, buffer: ReplayBuffer, optimizer, sampler: SGLD, *,
@@ -131,7 +132,8 @@ def main(argv=None) -> None:
     fb = t.pop("fwd+bwd")
     print(f"training fwd+bwd (fp32, batch {args.batch}): cpu {fmt_ms(fb['cpu'])} ms, wall {fmt_ms(fb['wall'])} ms")
     ref = t.get("naive")
-    print(f"{'variant':18s} {'cpu ms':>9s} {'wall ms':>9s}   speedup vs naive (cpu, wall)   iter/((steps+1) x fwd+bwd) (cpu, wall)")
+    print(f"{'variant':18s} {'cpu ms':>9s} {'wall ms':>9s}   speedup vs naive (cpu, wall)   "
+          "iter/((steps+1) x fwd+bwd) (cpu, wall)")
     for name, r in t.items():
         speed = (f"{ref['cpu'] / r['cpu']:6.2f}x {ref['wall'] / r['wall']:6.2f}x" if ref else "   n/a")
         unit = (args.steps + 1)

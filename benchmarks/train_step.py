@@ -10,7 +10,8 @@ Prints, for one architecture and batch:
   training throughput in images/s (plain classifier throughput alongside).
 
     python benchmarks/train_step.py --arch cnn --batch 64 --steps 20 --input-shape 1,8,8
-    python benchmarks/train_step.py --arch wrn:depth=28,widen=10 --batch 64 --steps 20 --input-shape 3,32,32 --device cuda --bf16
+    python benchmarks/train_step.py --arch wrn:depth=28,widen=10 --batch 64 --steps 20 --input-shape 3,32,32 \
+        --device cuda --bf16
 
 The ratios come from the same process and device, measured back to back, so they compare fairly
 even on a busy machine; absolute times do not.
@@ -58,8 +59,8 @@ def main(argv=None) -> dict:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    from jemeval.cli.options import resolve_device
     from jemeval.energy.factory import create_model
+    from jemeval.runtime.devices import resolve_device
     from jemeval.runtime.fastpath import FastPath
     from jemeval.sampling.buffer import ReplayBuffer
     from jemeval.sampling.sgld import SGLD
@@ -131,7 +132,8 @@ def main(argv=None) -> dict:
         print(f"  plain forward+backward       {1e3 * t_fb:9.2f} ms")
         print(f"  one SGLD step                {1e3 * t_sgld:9.2f} ms   = {t_sgld / t_fb:.2f} x forward+backward")
         print(f"  JEM training iteration       {1e3 * t_jem:9.2f} ms   = {t_jem / t_plain:.1f} x plain iteration")
-        print(f"  training throughput          {args.batch / t_jem:9.0f} images/s (plain classifier: {args.batch / t_plain:.0f})")
+        print(f"  training throughput          {args.batch / t_jem:9.0f} images/s "
+              f"(plain classifier: {args.batch / t_plain:.0f})")
     return result
 
 

@@ -1,11 +1,19 @@
-"""The plugin hooks: the only way components enter jemeval.
+"""The plugin hooks: the only way components and commands enter jemeval.
 
-Each hook receives a ``register`` callable, ``register(name, obj, *, help=None)``. Built-in
-components use exactly the same hooks (see :mod:`jemeval.builtins`), so a third-party plugin can do
-everything a built-in can. pluggy lets an implementation accept a subset of a hook's arguments,
-so hooks may gain arguments later without breaking plugins; they will never lose one.
+Every ``register_<kind>s(register)`` hook defines a kind of component (``register_models`` ->
+``model``; :data:`jemeval.registry.KINDS` is derived from this module, never written out) and
+receives ``register(name, obj, *, help=None)``. ``register_commands(cli)`` receives a click group
+to add commands to. Built-ins use exactly the same hooks (:data:`jemeval.plugins.DEFAULT_PLUGINS`),
+so a third-party plugin can do everything a built-in can.
+
+jemeval calls each implementation with the arguments it names (as pluggy does), so a hook may gain
+arguments later without breaking the plugins written before; a hook never loses one. Every hook
+here is documented, with its signature, in docs/plugins.md (a test checks both ways).
 """
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 import pluggy
 
@@ -38,3 +46,26 @@ def register_metrics(register):
 @hookspec
 def register_attacks(register):
     """Register attack factories: ``obj(norm, **options) -> attack(model, x, y, epsilons) -> Tensor[E, N, ...]``."""
+
+
+@hookspec
+def register_checkpoint_layouts(register):
+    """Register foreign checkpoint layouts: :class:`jemeval.formats.foreign.CheckpointLayout` objects whose
+    ``match(obj)`` (a file's contents) or ``match_path(path)`` (files torch cannot read) recognises a checkpoint."""
+
+
+@hookspec
+def register_commands(cli):
+    """Add click commands to the ``jemeval`` group: ``@cli.command()``, ``cli.add_command(cmd)`` or
+    ``cli.add_lazy_command(name, "module:attr")`` (imported only when listed or run)."""
+
+
+def specs() -> dict[str, Callable]:
+    """Every hook of this module, by name, in the order they are defined."""
+    return {name: fn for name, fn in globals().items()
+            if inspect.isfunction(fn) and hasattr(fn, f"{PROJECT_NAME}_spec")}
+
+
+def signature(name: str) -> str:
+    """``"register_models(register)"``: how docs/plugins.md writes a hook."""
+    return f"{name}({', '.join(inspect.signature(specs()[name]).parameters)})"

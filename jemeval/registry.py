@@ -17,28 +17,52 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jemeval import hookspecs
 from jemeval.errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
 
-KINDS = ("model", "dataset", "score", "metric", "attack")
-HOOKS = {
-    "model": "register_models",
-    "dataset": "register_datasets",
-    "score": "register_scores",
-    "metric": "register_metrics",
-    "attack": "register_attacks",
-}
+
+def _component_hooks() -> dict[str, str]:
+    """kind -> hook name: every ``register_<kind>s`` hook that takes ``register`` defines a kind."""
+    hooks = {}
+    for name, spec in hookspecs.specs().items():
+        found = re.fullmatch(r"register_(\w+)s", name)
+        if found and "register" in inspect.signature(spec).parameters:
+            hooks[found.group(1)] = name
+    return hooks
+
+
+#: kind -> the hook that fills it, and the kinds in the order the hooks are defined (model, dataset,
+#: score, metric, attack, checkpoint_layout); both derived from :mod:`jemeval.hookspecs`
+HOOKS: dict[str, str] = _component_hooks()
+KINDS: tuple[str, ...] = tuple(HOOKS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_NAMES = "letters, digits, '_', '.', '-'"
+#: a foreign layout keeps the name its authors' code goes by ('jem++/sada-jem'); nobody types it in a spec
+_LAYOUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+/\-]*$")
+
+
+def _is_layout(obj: Any) -> bool:
+    return callable(getattr(obj, "match", None)) or callable(getattr(obj, "match_path", None))
+
+
+#: kind -> (what its objects must be, the check); every other kind takes callables
+_OBJECTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "checkpoint_layout": ("an object with match(obj) or match_path(path) (a jemeval.formats.foreign.CheckpointLayout)",
+                          _is_layout),
+}
 
 
 def normalize_kind(kind: str) -> str:
-    """``"models"`` -> ``"model"``: the Python API takes the plural forms ``jemeval list`` takes."""
+    """``"models"`` -> ``"model"``: the Python API takes the plural forms ``jemeval list`` takes
+    (and ``checkpoint-layouts`` for ``checkpoint_layouts``)."""
     if isinstance(kind, str):
-        text = kind.strip().lower()
+        text = kind.strip().lower().replace("-", "_")
         if text in KINDS:
             return text
         if text.endswith("s") and text[:-1] in KINDS:
@@ -170,19 +194,22 @@ class Registry:
 
     def add(self, kind: str, name: str, obj: Any, *, plugin: str, help: str | None = None) -> Component:
         kind = normalize_kind(kind)
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        layout = kind == "checkpoint_layout"
+        pattern, allowed = (_LAYOUT_NAME_RE, _NAMES + ", '+', '/'") if layout else (_NAME_RE, _NAMES)
+        if not isinstance(name, str) or not pattern.match(name):
             raise UsageError(
                 f"plugin {plugin!r} registered a {kind} with the invalid name {name!r}: names are "
-                "letters, digits, '_', '.', '-', and start with a letter or digit"
+                f"{allowed}, and start with a letter or digit"
             )
-        if not callable(obj):
-            raise UsageError(f"plugin {plugin!r} registered {kind} {name!r} as a {type(obj).__name__}, not a callable")
+        what, check = _OBJECTS.get(kind, ("a callable", callable))
+        if not check(obj):
+            raise UsageError(f"plugin {plugin!r} registered {kind} {name!r} as a {type(obj).__name__}, not {what}")
         existing = self._entries[kind].get(name)
         if existing is not None:
             raise DuplicateNameError(
                 f"{kind} {name!r} is registered twice: by plugin {existing.plugin!r} and by plugin {plugin!r}"
             )
-        component = Component(kind, name, obj, plugin, help or _first_line(getattr(obj, "__doc__", None)))
+        component = Component(kind, name, obj, plugin, help or _help_of(obj))
         self._entries[kind][name] = component
         return component
 
@@ -214,6 +241,12 @@ class Registry:
         return [self._entries[kind][n] for n in self.names(kind)]
 
 
+def _help_of(obj: Any) -> str | None:
+    """An object's ``summary`` (a checkpoint layout's) or the first line of its docstring."""
+    summary = getattr(obj, "summary", None)
+    return summary if isinstance(summary, str) and summary else _first_line(getattr(obj, "__doc__", None))
+
+
 def _first_line(doc: str | None) -> str | None:
     if not doc:
         return None
@@ -226,15 +259,14 @@ def _first_line(doc: str | None) -> str | None:
 def accepted_options(obj: Callable, *, skip: int = 0) -> list[str] | None:
     """The keyword options ``obj`` accepts after its first ``skip`` parameters; None when it takes
     ``**kwargs`` (or has no readable signature), i.e. when any name would reach it."""
-    import inspect
-
     try:
         params = list(inspect.signature(obj).parameters.values())
     except (TypeError, ValueError):
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return [p.name for p in params[skip:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params[skip:] if p.kind in named]
 
 
 def check_options(obj: Callable, options: dict[str, Any], what: str, *, skip: int = 0) -> None:
@@ -262,8 +294,6 @@ def call_with_supported(factory: Callable, *args, context: dict[str, Any] | None
     a factory that does not name them is not bothered. Explicit ``options`` always pass through, so
     a misspelt option still fails loudly.
     """
-    import inspect
-
     if context:
         try:
             params = inspect.signature(factory).parameters

@@ -27,6 +27,7 @@ from torch import nn
 
 from jemeval.components import NORMS, metric_task
 from jemeval.energy.model import EnergyModel
+from jemeval.evaluation.threat import perturbation_norm
 from jemeval.plugins import get_plugin_manager
 
 
@@ -76,7 +77,8 @@ def _component(kind: str, obj_or_name: Any) -> Any:
     return obj_or_name
 
 
-def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequence[int] = (3, 32, 32), **options) -> nn.Module:
+def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequence[int] = (3, 32, 32),
+                **options) -> nn.Module:
     """A model factory builds an nn.Module mapping N x C x H x W to N x K finite logits, differentiable in x."""
     factory = _component("model", factory_or_name)
     net = factory(num_classes, tuple(input_shape), **options)
@@ -123,7 +125,8 @@ def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8
     assert all(p.grad is None for p in model.parameters()), "score accumulated parameter gradients"
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "score changed the parameters"
     halves = torch.cat([score(model, x[: n // 2], **options), score(model, x[n // 2:], **options)])
-    assert torch.allclose(halves.detach(), s.detach(), rtol=1e-4, atol=1e-5), "score of an example depends on the rest of the batch"
+    assert torch.allclose(halves.detach(), s.detach(), rtol=1e-4, atol=1e-5), \
+        "score of an example depends on the rest of the batch"
     return s
 
 
@@ -144,7 +147,8 @@ def check_metric(metric_or_name: Any) -> float:
         value = metric(probs, labels)
         perm = rng.permutation(60)
         again = metric(probs[perm], labels[perm])
-    assert isinstance(value, (float, np.floating)) and np.isfinite(value), f"metric returned {value!r}, not a finite float"
+    assert isinstance(value, (float, np.floating)) and np.isfinite(value), \
+        f"metric returned {value!r}, not a finite float"
     assert abs(float(value) - float(again)) < 1e-9, "metric depends on the order of the examples"
     return float(value)
 
@@ -161,10 +165,11 @@ def check_attack(factory_or_name: Any, norm: str = "linf", epsilons: Sequence[fl
     y = model.predict(x).detach()
     advs = attack(model, x, y, list(epsilons))
     assert torch.is_tensor(advs) and advs.shape == (len(epsilons), *x.shape), (
-        f"attack must return Tensor[{len(epsilons)}, {', '.join(map(str, x.shape))}], got {getattr(advs, 'shape', type(advs))}")
+        f"attack must return Tensor[{len(epsilons)}, {', '.join(map(str, x.shape))}], "
+        f"got {getattr(advs, 'shape', type(advs))}")
     assert advs.min() >= -1 - 1e-5 and advs.max() <= 1 + 1e-5, "adversarials leave the [-1, 1] input space"
     for eps, adv in zip(epsilons, advs):
-        delta = (adv - x).flatten(1)
-        size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
-        assert (size <= 2 * eps + 1e-4).all(), f"perturbation of size {float(size.max()) / 2:.4f} (pixel units) exceeds epsilon {eps}"
+        size = perturbation_norm(x, adv, norm)
+        assert (size <= 2 * eps + 1e-4).all(), \
+            f"perturbation of size {float(size.max()) / 2:.4f} (pixel units) exceeds epsilon {eps}"
     return advs

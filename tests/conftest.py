@@ -64,7 +64,7 @@ def _train_digits_jem(folder, **settings):
     """A run folder of `jemeval train digits` (folder/run) with the fixture's settings."""
     from jemeval.training import train
 
-    best = Path(train("digits", out=str(folder / "run"), **settings)["best"])
+    best = Path(train("digits", out=str(folder / "run"), **settings).summary["best"])
     assert best == folder / "run" / "best.pt", best
 
 

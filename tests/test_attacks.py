@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import jemeval
+from jemeval.builtins import attacks
 from jemeval.data import subsample
 from jemeval.errors import JemevalError, UsageError
-from jemeval.evaluation import attacks
 from jemeval.evaluation.robustness import robust
+from jemeval.evaluation.threat import perturbation_norm, project_to_ball
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_pgd_adversarials_stay_in_the_ball_and_the_bounds(clf, subset, norm):
     assert adv.shape == (3, *x.shape)
     assert adv.min() >= -1 and adv.max() <= 1
     for e, a in zip(eps, adv):
-        size = attacks.perturbation_norm(x, a, norm)
+        size = perturbation_norm(x, a, norm)
         assert (size <= 2 * e + 1e-5).all()
     assert torch.equal(adv[0], x)
 
@@ -115,7 +116,7 @@ def test_pointwise_k0_equals_plain_foolbox_from_the_same_starts(clf, subset):
     per_eps = attacks.pointwise("l2")(clf, x, y, eps)
     torch.testing.assert_close(per_eps[-1], want)
     assert torch.equal(per_eps[0], x)
-    sizes = attacks.perturbation_norm(x, per_eps[1], "l2")
+    sizes = perturbation_norm(x, per_eps[1], "l2")
     assert (sizes <= 1.0 + 1e-5).all()
 
 
@@ -126,7 +127,7 @@ def test_boundary_finds_adversarials_not_larger_than_its_start(clf, subset):
     adv = attacks.boundary("l2", steps=50).minimize(clf, x, y)
     with torch.no_grad():
         assert (clf(adv).argmax(1) != y).all()
-    assert (attacks.perturbation_norm(x, adv, "l2") <= attacks.perturbation_norm(x, starts, "l2") + 1e-5).all()
+    assert (perturbation_norm(x, adv, "l2") <= perturbation_norm(x, starts, "l2") + 1e-5).all()
 
 
 def test_common_random_numbers_make_a_stochastic_model_repeatable(clf, subset):
@@ -146,7 +147,7 @@ def test_project_to_ball_matches_foolbox_clip_perturbation(subset):
     x = subset[0][:6]
     far = (x + torch.randn(x.shape, generator=torch.Generator().manual_seed(0))).clamp(-1, 1)
     for norm, dist in (("l2", fb.distances.l2), ("linf", fb.distances.linf)):
-        torch.testing.assert_close(attacks.project_to_ball(x, far, 0.3, norm), dist.clip_perturbation(x, far, 0.3))
+        torch.testing.assert_close(project_to_ball(x, far, 0.3, norm), dist.clip_perturbation(x, far, 0.3))
 
 
 def test_a_third_party_attack_with_only_the_base_interface_works(digits_classifier_ckpt):

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import jemeval
+from jemeval.builtins.layouts import infer_wrn_config
 from jemeval.errors import CheckpointError
-from jemeval.formats.foreign import infer_wrn_config
 from jemeval.formats.native import read_checkpoint
 
 
@@ -57,7 +57,8 @@ def release_state_dict(depth, widen, num_classes, seed=0, batchnorm=False, f_lin
 def reference_forward(sd, x, depth, batchnorm=False):
     def act(t, prefix=None):
         if batchnorm:
-            t = F.batch_norm(t, sd[prefix + "running_mean"], sd[prefix + "running_var"], sd[prefix + "weight"], sd[prefix + "bias"], False, 0.0, 1e-5)
+            t = F.batch_norm(t, sd[prefix + "running_mean"], sd[prefix + "running_var"], sd[prefix + "weight"],
+                             sd[prefix + "bias"], False, 0.0, 1e-5)
         return F.leaky_relu(t, 0.2)
 
     out = F.conv2d(x, sd["f.conv1.weight"], sd["f.conv1.bias"], padding=1)
@@ -68,7 +69,9 @@ def reference_forward(sd, x, depth, batchnorm=False):
             s = stride if i == 0 else 1
             h = F.conv2d(act(out, p + "bn1."), sd[p + "conv1.weight"], sd[p + "conv1.bias"], padding=1)
             h = F.conv2d(act(h, p + "bn2."), sd[p + "conv2.weight"], sd[p + "conv2.bias"], stride=s, padding=1)
-            short = F.conv2d(out, sd[p + "shortcut.0.weight"], sd[p + "shortcut.0.bias"], stride=s) if p + "shortcut.0.weight" in sd else out
+            short = out
+            if p + "shortcut.0.weight" in sd:
+                short = F.conv2d(out, sd[p + "shortcut.0.weight"], sd[p + "shortcut.0.bias"], stride=s)
             out = h + short
     out = F.avg_pool2d(act(out, "f.bn1."), 8).flatten(1)
     return F.linear(out, sd["class_output.weight"], sd["class_output.bias"])
@@ -180,7 +183,8 @@ def _tensor_only(tmp_path, name, **changes):
     return tmp_path / name
 
 
-@pytest.mark.parametrize("option", ["checkpoint_path", "pretrained_cfg_overlay", "pretrained", "cache_dir", "init_file"])
+@pytest.mark.parametrize("option", ["checkpoint_path", "pretrained_cfg_overlay", "pretrained", "cache_dir",
+                                    "init_file"])
 def test_checkpoint_cannot_make_timm_open_a_file(tmp_path, option):
     """Issue 11 item 8, as an attack: a tensor-only checkpoint whose arch_options name a pickle
     payload for timm to load. The option is refused before any factory runs; the payload never runs."""
@@ -286,7 +290,8 @@ def test_load_model_device_names_are_checked_in_one_place(tmp_path, digits_class
     from jemeval.errors import UsageError
     from jemeval.runtime.devices import resolve_device
 
-    with pytest.raises(UsageError, match=r"unknown device 'gpu' \(did you mean 'cuda'\?\): use cpu, cuda, cuda:N, auto"):
+    with pytest.raises(UsageError, match=r"unknown device 'gpu' \(did you mean 'cuda'\?\): use cpu, cuda, cuda:N, "
+                                         r"auto"):
         jemeval.load_model(digits_classifier_ckpt, device="gpu")
     with pytest.raises(UsageError, match="unknown --device 'gpu'"):
         cli_device("gpu")

@@ -1,4 +1,5 @@
 import json
+import re
 
 from click.testing import CliRunner
 
@@ -84,3 +85,21 @@ def test_core_errors_name_parameters_and_the_cli_shows_flags():
     assert flag_message(UsageError("sgld_lr must be finite", param="sgld_lr"), command) == "--sgld-lr must be finite"
     assert flag_message(UsageError("the sgld_lr is bad", param="lr"), command) == "the sgld_lr is bad"  # whole words
     assert flag_message(UsageError("no parameter named"), command) == "no parameter named"
+
+
+def test_plugins_lists_what_each_plugin_added_under_every_hook():
+    r = run("plugins")
+    assert r.exit_code == 0
+    blocks = {block.split()[0]: block for block in re.split(r"\n(?=\S)", r.output)}
+    assert "commands: calibrate, convert, distal" in blocks["jemeval.cli.default_commands"]
+    layouts = blocks["jemeval.builtins.layouts"]
+    assert "checkpoint_layouts: jem++/sada-jem, jem-release, jem-release-batchnorm" in layouts
+    report = {p["name"]: p for p in json.loads(run("plugins", "--json").output)}
+    assert report["jemeval.cli.default_commands"]["hooks"] == ["register_commands"]
+    assert report["jemeval.builtins.layouts"]["hooks"] == ["register_checkpoint_layouts"]
+
+
+def test_list_shows_every_kind_including_checkpoint_layouts():
+    listing = json.loads(run("list", "--json").output)
+    assert list(listing) == ["model", "dataset", "score", "metric", "attack", "checkpoint_layout"]
+    assert {c["name"]: c["plugin"] for c in listing["checkpoint_layout"]}["jem-release"] == "jemeval.builtins.layouts"

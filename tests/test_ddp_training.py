@@ -26,7 +26,7 @@ import torch
 from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 from jemeval.runtime.distributed import DistContext
-from jemeval.training import resolve_config, train
+from jemeval.training import ddp, resolve_config, train
 from jemeval.training.rundir import LOCK_NAME
 
 TINY = ["digits[0-2]", "--arch", "cnn:width=8", "--batch-size", "32", "--lr", "2e-3", "--warmup-iters", "4",
@@ -61,6 +61,7 @@ def rows(path, *, timings: bool = True) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_classifier_two_processes_match_one(tmp_path):
     two = torchrun(*TINY, *CLASSIFIER, "--epochs", "2", "--no-progress", "--json",
                    "--out", str(tmp_path / "two"))
@@ -70,8 +71,8 @@ def test_classifier_two_processes_match_one(tmp_path):
     assert summary["world_size"] == 2 and summary["config"]["resolved"]["per_rank_batch"] == 16
     # --device cpu: gloo processes on CPU even where CUDA is visible
     assert summary["config"]["resolved"]["backend"] == "gloo" and summary["config"]["resolved"]["device"] == "cpu"
-    one = train(resolve_config("digits[0-2]", **{**API, "px_weight": 0.0, "sigma": 0.0, "augment": "none", "epochs": 2},
-                               out=str(tmp_path / "one")))
+    classifier = {**API, "px_weight": 0.0, "sigma": 0.0, "augment": "none", "epochs": 2}
+    one = train(resolve_config("digits[0-2]", **classifier, out=str(tmp_path / "one"))).records[0]
     a, b = rows(tmp_path / "one" / "metrics.csv"), rows(tmp_path / "two" / "metrics.csv")
     assert len(a) == len(b) == 2
     for ra, rb in zip(a, b):
@@ -88,32 +89,35 @@ def jemeval_nproc(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, capture_output=True, text=True, env=_env(), timeout=120)
 
 
+@pytest.mark.slow
 def test_jem_two_processes_resume_exactly_and_refuse_another_world_size(tmp_path):
     full = jemeval_nproc(*TINY, "--epochs", "2", "--no-progress", "--out", str(tmp_path / "full"))
     assert full.returncode == 0, full.stderr[-2000:]
     half = torchrun(*TINY, "--epochs", "1", "--no-progress", "--out", str(tmp_path / "half"))
     assert half.returncode == 0, half.stderr[-2000:]
     # a different world size is refused with one line, before any work
-    with pytest.raises(UsageError, match=r"written by 2 process\(es\) but this run has 1.*--nproc 2"):
+    with pytest.raises(UsageError, match=r"written by 2 process\(es\) but this run has 1.*nproc=2"):
         train(resolve_config("digits[0-2]", **{**API, "epochs": 2}, out=str(tmp_path / "half"), resume=True))
     resumed = torchrun(*TINY, "--epochs", "2", "--no-progress", "--resume", "--out", str(tmp_path / "half"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = read_checkpoint(tmp_path / "full" / "last.pt"), read_checkpoint(tmp_path / "half" / "last.pt")
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert torch.equal(a["replay_buffer"], b["replay_buffer"])
-    assert rows(tmp_path / "full" / "metrics.csv", timings=False) == rows(tmp_path / "half" / "metrics.csv", timings=False)
+    assert rows(tmp_path / "full" / "metrics.csv", timings=False) == \
+        rows(tmp_path / "half" / "metrics.csv", timings=False)
     # invariants: the gathered buffer (60 chains per rank), the world size, one stream per rank
     ts = a["training_state"]
     assert a["replay_buffer"].shape[0] == 120 and ts["world_size"] == 2 and len(ts["ranks"]) == 2
     assert not torch.equal(ts["ranks"][0]["rng"]["generator"], ts["ranks"][1]["rng"]["generator"])
     assert a["config"]["resolved"]["per_rank_buffer"] == 60
     # loosely like one process: the cross-entropy term does not depend on the sampler's noise much
-    one = train(resolve_config("digits[0-2]", **{**API, "epochs": 1}, out=str(tmp_path / "one")))
+    one = train(resolve_config("digits[0-2]", **{**API, "epochs": 1}, out=str(tmp_path / "one"))).records[0]
     r1, r2 = rows(one["metrics"])[0], rows(tmp_path / "full" / "metrics.csv")[0]
     assert abs(float(r1["loss_pyx"]) - float(r2["loss_pyx"])) < 0.05
     assert all(abs(float(r["energy_gap"])) < 10 for r in rows(tmp_path / "full" / "metrics.csv"))
 
 
+@pytest.mark.slow
 def test_nproc_flag_relaunches_and_checks_the_batch(tmp_path):
     cmd = [sys.executable, "-m", "jemeval", "train", *TINY, "--epochs", "1", "--nproc", "2", "--batch-size", "31",
            "--out", str(tmp_path / "bad")]
@@ -123,6 +127,7 @@ def test_nproc_flag_relaunches_and_checks_the_batch(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_locked_run_folder_stops_every_process_at_once(tmp_path):
     """Only rank 0 takes the run folder's lock; when another process holds it, every rank exits with
     the one-line refusal instead of waiting for rank 0 (the process-group timeout is 10 minutes)."""
@@ -145,12 +150,27 @@ class _Rank1(DistContext):
 
 
 def test_only_rank_zero_writes_files(tmp_path, monkeypatch, capfd):
-    from jemeval.training import parallel
-
-    monkeypatch.setattr(parallel, "join", lambda device, batch: _Rank1(rank=1, world_size=2))
+    monkeypatch.setattr(ddp, "join", lambda device, batch: _Rank1(rank=1, world_size=2))
     out = tmp_path / "rank1"
     summary = train(resolve_config("digits[0-2]", **{**API, "epochs": 1, "grid_every": 1, "progress": True},
-                                   out=str(out)))
+                                   out=str(out))).records[0]
     assert summary["status"] == "completed" and summary["steps"] == 10
     assert not out.exists() or not any(out.rglob("*"))
     assert "epoch 1/1" not in capfd.readouterr().err  # no progress bar or epoch line either
+
+
+def test_global_batch_and_world_size_checks(tmp_path):
+    """What the trainer refuses under DDP, in one line naming the parameter (before any work)."""
+    ddp.check_global_batch(64, 4)
+    ddp.check_global_batch(31, 1)
+    with pytest.raises(UsageError, match=r"batch_size=66 is the global batch and must be divisible by the 4 "
+                                         r"processes: use a multiple of 4, e.g. 64") as exc:
+        ddp.check_global_batch(66, 4)
+    assert exc.value.param == "batch_size"
+    ddp.check_world(2, DistContext(world_size=2), tmp_path / "last.pt")
+    ddp.check_world(None, DistContext(), tmp_path / "last.pt")  # runs before DDP support: one process
+    with pytest.raises(UsageError, match=r"written by 2 process\(es\) but this run has 4: continue it with nproc=2"):
+        ddp.check_world(2, DistContext(world_size=4), tmp_path / "last.pt")
+    assert ddp.buffer_share(120, DistContext(world_size=4)) == 30
+    with pytest.raises(UsageError, match="buffer_size=3 leaves no chains for each of 4 processes"):
+        ddp.buffer_share(3, DistContext(world_size=4))

@@ -14,24 +14,27 @@ from click.testing import CliRunner
 
 jemeval_igebm = pytest.importorskip("jemeval_igebm")
 
-from jemeval_igebm.convert_tf import model_from_variables, read_tf_variables
+from jemeval_igebm.convert_tf import model_from_variables, read_tf_variables  # noqa: E402
 
-import jemeval
-from jemeval import testing
-from jemeval.cli import cli
-from jemeval.errors import CheckpointError, UsageError
-from jemeval.plugins import get_plugin_manager, reset_plugin_manager
-from jemeval.sampling.sgld import model_log_p
+import jemeval  # noqa: E402
+from jemeval import testing  # noqa: E402
+from jemeval.cli import cli  # noqa: E402
+from jemeval.errors import CheckpointError, UsageError  # noqa: E402
+from jemeval.plugins import get_plugin_manager, reset_plugin_manager  # noqa: E402
+from jemeval.sampling.sgld import model_log_p  # noqa: E402
 
 # -- the release's network, from its description ---------------------------------------------
 # Block order and which blocks average-pool, per network of the release's models.py.
 RELEASE_NETS = {
-    "resnet32": [("res_optim", True), ("res_1", False), ("res_2", True), ("res_3", False), ("res_4", True), ("res_5", False)],
-    "large": [("res_optim", True), ("res_1", False), ("res_2", False), ("res_3", True), ("res_4", False), ("res_5", False),
+    "resnet32": [("res_optim", True), ("res_1", False), ("res_2", True), ("res_3", False), ("res_4", True),
+                 ("res_5", False)],
+    "large": [("res_optim", True), ("res_1", False), ("res_2", False), ("res_3", True), ("res_4", False),
+              ("res_5", False),
               ("res_6", True), ("res_7", False), ("res_8", False)],
 }
 RELEASE_NETS["wider"] = RELEASE_NETS["large"]
-MULTIPLIERS = {"resnet32": [1, 1, 2, 2, 2, 2], "large": [1, 1, 1, 2, 2, 2, 4, 4, 4], "wider": [1, 1, 1, 2, 2, 2, 4, 4, 4]}
+MULTIPLIERS = {"resnet32": [1, 1, 2, 2, 2, 2], "large": [1, 1, 1, 2, 2, 2, 4, 4, 4],
+               "wider": [1, 1, 1, 2, 2, 2, 4, 4, 4]}
 
 
 def release_variables(net: str, *, classes: int, width: int, stem: int | None = None, channels: int = 3, seed: int = 0):
@@ -91,8 +94,8 @@ def release_energy(get, images, onehot, net: str, conditional: bool, ops):
     h = ops.leaky(ops.conv(images, spectral("c1_pre")))
     for block, pool in RELEASE_NETS[net]:
         c1 = ops.leaky(ops.conv(h + per_class(f"{block}_res_c1/gb"), spectral(f"{block}_res_c1")))
-        scale = (ops.matmul(onehot, get(f"{block}_res_c2/g")) + get(f"{block}_res_c2/cb"))[:, None, None, :] if conditional \
-            else get(f"{block}_res_c2/g")
+        gain = get(f"{block}_res_c2/g")
+        scale = (ops.matmul(onehot, gain) + get(f"{block}_res_c2/cb"))[:, None, None, :] if conditional else gain
         c2 = ops.conv(c1 + per_class(f"{block}_res_c2/gb"), spectral(f"{block}_res_c2", lower_bound=True)) * scale
         skip = ops.conv(h, spectral(f"{block}_res_adaptive")) if ops.has(f"{block}_res_adaptive/cweight") else h
         res = c2 + skip
@@ -126,7 +129,8 @@ def reference_logits_numpy(variables, x_nchw: torch.Tensor, net: str, classes: i
     return np.stack(cols, axis=1)
 
 
-@pytest.mark.parametrize("net,classes,width,stem", [("resnet32", 3, 4, None), ("large", 1, 3, None), ("wider", 2, 3, 5)])
+@pytest.mark.parametrize("net,classes,width,stem",
+                         [("resnet32", 3, 4, None), ("large", 1, 3, None), ("wider", 2, 3, 5)])
 def test_converted_release_variables_give_the_reference_logits(net, classes, width, stem):
     variables = release_variables(net, classes=classes, width=width, stem=stem, seed=len(net))
     model, notes = model_from_variables(variables)
@@ -169,7 +173,8 @@ def test_igebm_is_a_plugin_model_listed_with_its_version():
     res = CliRunner().invoke(cli, ["plugins", "--json"])
     entry = next(p for p in json.loads(res.stdout) if p["name"] == "igebm")
     assert entry["version"] == jemeval_igebm.__version__ == "0.1.0" and entry["distribution"] == "jemeval-igebm"
-    assert entry["registered"] == {"model": ["igebm"]} and entry["error"] is None
+    assert entry["registered"] == {"model": ["igebm"], "checkpoint_layout": ["igebm-tf-release"]}
+    assert entry["error"] is None and "register_checkpoint_layouts" in entry["hooks"]
     with pytest.raises(UsageError, match="unknown IGEBM variant 'huge'"):
         jemeval.create_model("igebm:variant=huge", 10, (1, 8, 8))
 
@@ -240,10 +245,12 @@ def write_tf_release_checkpoint(prefix: str, npz_path: str) -> None:
         ops = types.SimpleNamespace(
             conv=lambda x, w: tf.nn.conv2d(x, w, [1, 1, 1, 1], "SAME"), matmul=tf.matmul, transpose=tf.transpose,
             reshape=tf.reshape, shape=lambda w: w.get_shape().as_list(), l2n=tf.nn.l2_normalize, minimum=tf.minimum,
-            leaky=tf.nn.leaky_relu, relu=tf.nn.relu, avg_pool2=lambda a: tf.nn.avg_pool(a, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+            leaky=tf.nn.leaky_relu, relu=tf.nn.relu,
+            avg_pool2=lambda a: tf.nn.avg_pool(a, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
             sum_hw=lambda a: tf.reduce_sum(a, [1, 2]), has=lambda name: f"context_0/{name}" in variables)
         label = v1.placeholder(tf.float32, (None, s["classes"]))
-        energy = release_energy(lambda name: tf_vars[f"context_0/{name}"], tf.constant(images), label, s["net"], True, ops)
+        energy = release_energy(lambda name: tf_vars[f"context_0/{name}"], tf.constant(images), label, s["net"], True,
+                                ops)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             v1.train.Saver().save(sess, prefix)
@@ -268,12 +275,18 @@ def test_tensorflow_checkpoint_converts_to_the_tensorflow_logits(tmp_path):
               f"test_igebm.write_tf_release_checkpoint({str(prefix)!r}, {str(npz)!r})")
     made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
     assert made.returncode == 0, made.stderr[-2000:]
-    out = tmp_path / "igebm.pt"
-    converted = subprocess.run([sys.executable, "-m", "jemeval_igebm.convert_tf", str(tmp_path / "cifar10_cond"), str(out),
+    out, by_script = tmp_path / "igebm.pt", tmp_path / "igebm_script.pt"
+    converted = subprocess.run([sys.executable, "-m", "jemeval", "convert", str(tmp_path / "cifar10_cond"), str(out),
                                 "--dataset", "cifar10", "--json"], capture_output=True, text=True, env=env, check=False)
     assert converted.returncode == 0, converted.stderr[-2000:]
     record = json.loads(converted.stdout)["records"][0]
     assert record["variant"] == "resnet32" and record["ignored_variables"] > 0
+    script = subprocess.run([sys.executable, "-m", "jemeval_igebm.convert_tf", str(prefix), str(by_script), "--json"],
+                            capture_output=True, text=True, env=env, check=False)  # the plugin's older script
+    assert script.returncode == 0, script.stderr[-2000:]
+    assert json.loads(script.stdout)["records"][0]["source_sha256"] == record["source_sha256"]
+    assert torch.equal(jemeval.load_model(by_script)(torch.zeros(1, 3, 8, 8)),
+                       jemeval.load_model(out)(torch.zeros(1, 3, 8, 8)))
     model = jemeval.load_model(out)
     assert model.metadata["config"]["source_layout"] == "igebm-tf-release" and model.metadata["dataset"] == "cifar10"
     tf_run = np.load(npz)
@@ -283,12 +296,64 @@ def test_tensorflow_checkpoint_converts_to_the_tensorflow_logits(tmp_path):
     assert np.allclose(logits, tf_run["logits"], rtol=1e-5, atol=1e-5 * np.abs(tf_run["logits"]).max())
 
 
+def test_jemeval_convert_reads_tensorflow_checkpoints_through_the_plugin_layout(tmp_path, monkeypatch):
+    """The plugin's layout recognises TF1 checkpoint paths for `jemeval convert`; jemeval itself
+    knows nothing of TensorFlow or of this plugin."""
+    (tmp_path / "model_100.index").write_bytes(b"")
+    monkeypatch.setitem(__import__("sys").modules, "tensorflow", None)  # as if TensorFlow were not installed
+    r = CliRunner().invoke(cli, ["convert", str(tmp_path / "model_100"), str(tmp_path / "o.pt")])
+    assert r.exit_code == 2, r.output
+    assert "reading TensorFlow checkpoints needs TensorFlow: pip install 'jemeval-igebm[tf]'" in r.output
+    listing = json.loads(CliRunner().invoke(cli, ["list", "checkpoint_layouts", "--json"]).stdout)
+    assert [c["plugin"] for c in listing["checkpoint_layout"] if c["name"] == "igebm-tf-release"] == ["igebm"]
+    try:
+        get_plugin_manager().unregister("igebm")  # as if jemeval-igebm were uninstalled
+        r = CliRunner().invoke(cli, ["convert", str(tmp_path / "model_100"), str(tmp_path / "o.pt")])
+        assert r.exit_code == 1 and "does not exist" in r.output and "igebm" not in r.output
+    finally:
+        reset_plugin_manager()
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_jemeval_convert_of_a_release_folder_with_a_faked_tensorflow_reader(tmp_path, monkeypatch):
+    """The whole `jemeval convert` path of the plugin's layout, everywhere: TensorFlow's reader is
+    replaced by the release's variables (the TensorFlow test above reads a real TF1 checkpoint)."""
+    import hashlib
+
+    from jemeval_igebm import convert_tf
+
+    folder = tmp_path / "cifar10_cond"
+    folder.mkdir()
+    (folder / "checkpoint").write_text('model_checkpoint_path: "model_5"\n')
+    files = {"model_5.index": b"index bytes", "model_5.data-00000-of-00001": b"data bytes"}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    variables = release_variables("resnet32", classes=3, width=4, seed=2)
+    monkeypatch.setattr(convert_tf, "read_tf_variables", lambda prefix: variables if prefix == str(folder / "model_5")
+                        else pytest.fail(f"read {prefix}"))
+    r = CliRunner().invoke(cli, ["convert", str(folder), str(tmp_path / "out.pt"), "--dataset", "cifar10", "--json"])
+    assert r.exit_code == 0, r.output
+    record = json.loads(r.stdout)["records"][0]
+    assert record["layout"] == "igebm-tf-release" and record["source"] == str(folder / "model_5")
+    assert record["source_sha256"] == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    assert record["variant"] == "resnet32" and record["num_classes"] == 3 and record["dataset"] == "cifar10"
+    model = jemeval.load_model(tmp_path / "out.pt")
+    assert model.metadata["config"]["source_layout"] == "igebm-tf-release"
+    assert model.metadata["config"]["sgld"] == {"clamp": [-1.0, 1.0]}
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        logits = model(x).numpy()
+    expected = reference_logits_numpy(variables, x, "resnet32", 3)
+    assert np.allclose(logits, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
 # -- end to end: train briefly on digits, then ood and calibrate --------------------------------
 def test_briefly_trained_igebm_runs_through_ood_and_calibrate(tmp_path):
     runner = CliRunner()
     trained = runner.invoke(cli, [
         "train", "digits", "--arch", "igebm:width=4,blocks=1", "--objective", "factored", "--epochs", "1",
-        "--sgld-steps", "2", "--warmup-iters", "0", "--buffer-size", "100", "--batch-size", "128", "--out", str(tmp_path / "run"),
+        "--sgld-steps", "2", "--warmup-iters", "0", "--buffer-size", "100", "--batch-size", "128",
+        "--out", str(tmp_path / "run"),
         "--no-progress", "--json", "--device", "cpu"])
     assert trained.exit_code == 0, trained.output
     ckpt = json.loads(trained.stdout)["best"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +14,21 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 import jemeval
+from jemeval import testing
 from jemeval.cli import cli
 from jemeval.errors import CheckpointError, UsageError
 from jemeval.formats.convert import convert
+from jemeval.formats.foreign import CheckpointLayout, FoundCheckpoint
+from jemeval.formats.native import read_checkpoint
+from jemeval.plugins import get_plugin_manager
 from jemeval.sampling.recorded import recorded_sgld
 
 DEPTH, WIDEN, CLASSES = 10, 2, 10  # one block per stage: 16 / 32 / 64 / 128 channels
 
 
 def follow_up_state_dict(*, f_linear: bool, yopo: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A WRN state dict in the key layout of the JEM release's wideresnet.py, see docs/interop.md with BatchNorm (JEM++ /
-    SADA-JEM: no ``f.linear``), random values everywhere, running statistics included."""
+    """A WRN state dict in the key layout of the JEM release's wideresnet.py (see docs/interop.md) with
+    BatchNorm (JEM++ / SADA-JEM: no ``f.linear``), random values everywhere, running statistics included."""
     g = torch.Generator().manual_seed(seed)
     sd: dict[str, torch.Tensor] = {}
 
@@ -66,7 +72,8 @@ def follow_up_state_dict(*, f_linear: bool, yopo: bool = False, seed: int = 0) -
 def reference_logits(sd: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """Pre-activation WRN forward from the layout description, BatchNorm in eval mode (running stats)."""
     def norm_act(t, name):
-        t = (t - sd[name + ".running_mean"][None, :, None, None]) / torch.sqrt(sd[name + ".running_var"][None, :, None, None] + 1e-5)
+        mean, var = sd[name + ".running_mean"][None, :, None, None], sd[name + ".running_var"][None, :, None, None]
+        t = (t - mean) / torch.sqrt(var + 1e-5)
         t = t * sd[name + ".weight"][None, :, None, None] + sd[name + ".bias"][None, :, None, None]
         return torch.where(t > 0, t, 0.2 * t)
 
@@ -124,7 +131,8 @@ def test_convert_writes_a_jemeval_checkpoint_with_source_and_provenance(tmp_path
     assert torch.equal(raw["replay_buffer"], obj["replay_buffer"])
     assert not any(k.startswith(("f.layer_one", "f.other_layers")) for k in raw["state_dict"])
     record = result.records[0]
-    assert record["layout"] == "jem++/sada-jem" and record["bn_mode"] == "train" and record["replay_buffer"] == [12, 3, 32, 32]
+    assert record["layout"] == "jem++/sada-jem" and record["bn_mode"] == "train"
+    assert record["replay_buffer"] == [12, 3, 32, 32]
     model = jemeval.load_model(dst)
     assert recorded_sgld(model, 1)[0].bn_mode == "train" and model.metadata["dataset"] == "digits"
     x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
@@ -151,13 +159,12 @@ def test_convert_command_json_and_one_line_errors(tmp_path):
 
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     msg = error(tmp_path / "other.pt", tmp_path / "o.pt", code=1)
-    assert "nor a known layout" in msg and all(n in msg for n in ("jem-release", "jem-release-batchnorm", "jem++/sada-jem"))
+    assert "nor a known layout" in msg
+    assert all(n in msg for n in ("jem-release", "jem-release-batchnorm", "jem++/sada-jem"))
     assert "already a jemeval checkpoint" in error(tmp_path / "sada_jemeval.pt", tmp_path / "o.pt", code=2)
     assert "must be a .pt file" in error(src, tmp_path / "o.pth", code=2)
     assert "unknown dataset 'digit'" in error(src, tmp_path / "o.pt", "--dataset", "digit", code=2)
     assert "does not exist" in error(tmp_path / "missing.pt", tmp_path / "o.pt", code=1)
-    (tmp_path / "model_100.index").write_bytes(b"")
-    assert "TensorFlow checkpoint" in error(tmp_path / "model_100", tmp_path / "o.pt", code=2)
     assert not (tmp_path / "o.pt").exists()
 
 
@@ -191,3 +198,100 @@ def test_unsupported_follow_up_variants_fail_clearly(tmp_path):
     with pytest.raises(UsageError, match="'.*taken.pt' already exists; remove it or give another output path"):
         convert(tmp_path / "img64.pt", tmp_path / "taken.pt")
     assert (tmp_path / "taken.pt").read_bytes() == b"someone's file"
+
+
+# -- layouts from plugins: register_checkpoint_layouts ---------------------------------------------
+def _small_cnn(seed=0):
+    torch.manual_seed(seed)
+    return jemeval.create_model("cnn", 3, (1, 8, 8), width=4).eval()
+
+
+def _tiny_found(state, **fields):
+    """A FoundCheckpoint building a small cnn with ``state``'s weights."""
+    def build(path):
+        model = _small_cnn()
+        model.net.load_state_dict(state)
+        return model
+    return FoundCheckpoint(build, **fields)
+
+
+def _layout_plugin(**layouts):
+    return types.SimpleNamespace(register_checkpoint_layouts=jemeval.hookimpl(
+        lambda register: [register(name, layout) for name, layout in layouts.items()]))
+
+
+def test_hook_register_checkpoint_layouts(tmp_path):
+    """A plugin layout recognised from a file's contents (``match``): every --model reads it, and
+    `jemeval convert` writes it as a jemeval checkpoint recording the plugin's config and notes."""
+    reference = _small_cnn(seed=3)
+    torch.save({"tiny_weights": reference.net.state_dict(), "epochs": 7}, tmp_path / "tiny.pt")
+
+    def match(obj):
+        if not (isinstance(obj, dict) and "tiny_weights" in obj):
+            return None
+        return _tiny_found(obj["tiny_weights"], config={"epochs": obj["epochs"]}, sgld={"bn_mode": "train"},
+                           notes={"epochs": obj["epochs"]})
+
+    x = torch.rand(4, *reference.input_shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    plugin = _layout_plugin(tiny=CheckpointLayout("tiny test nets", match=match))
+    with testing.registered_plugin(plugin, name="tiny-layouts"):
+        loaded = jemeval.load_model(tmp_path / "tiny.pt")
+        assert torch.equal(loaded(x), reference(x)) and loaded.metadata["source_format"] == "tiny"
+        assert loaded.metadata["config"] == {"source_layout": "tiny", "epochs": 7, "sgld": {"bn_mode": "train"}}
+        r = CliRunner().invoke(cli, ["convert", str(tmp_path / "tiny.pt"), str(tmp_path / "out.pt"), "--json"])
+        assert r.exit_code == 0, r.output
+        record = json.loads(r.stdout)["records"][0]
+        assert record["layout"] == "tiny" and record["epochs"] == 7 and record["bn_mode"] == "train"
+        listing = json.loads(CliRunner().invoke(cli, ["list", "checkpoint_layouts", "--json"]).stdout)
+        assert {"name": "tiny", "plugin": "tiny-layouts", "help": "tiny test nets"} in listing["checkpoint_layout"]
+        torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
+        with pytest.raises(CheckpointError, match="tiny: tiny test nets"):  # the known layouts include the plugin's
+            jemeval.load_model(tmp_path / "other.pt")
+    written = read_checkpoint(tmp_path / "out.pt")
+    assert written["config"]["source_layout"] == "tiny" and written["config"]["epochs"] == 7
+    assert written["config"]["source_sha256"] == hashlib.sha256((tmp_path / "tiny.pt").read_bytes()).hexdigest()
+    with pytest.raises(CheckpointError, match="nor a known layout"):  # without the plugin
+        jemeval.load_model(tmp_path / "tiny.pt")
+
+
+def test_path_layouts_convert_what_torch_cannot_read(tmp_path):
+    """A layout recognised from the path (``match_path``: a folder here, a TensorFlow prefix for
+    jemeval-igebm) joins `jemeval convert`; its source and hashes are what it says."""
+    reference = _small_cnn(seed=4)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    torch.save(reference.net.state_dict(), folder / "weights.bin")
+    (folder / "FORMAT").write_text("tiny-folder\n")
+
+    def match_path(path):
+        marker = Path(path) / "FORMAT"
+        if not marker.is_file() or marker.read_text().strip() != "tiny-folder":
+            return None
+        state = torch.load(Path(path) / "weights.bin", weights_only=True)
+        return _tiny_found(state, source=str(Path(path) / "weights.bin"), source_sha256={"weights.bin": "abc"})
+
+    plugin = _layout_plugin(**{"tiny/folder": CheckpointLayout("a folder with FORMAT and weights.bin",
+                                                               match_path=match_path)})
+    with testing.registered_plugin(plugin, name="folder-layouts"):
+        result = convert(folder, tmp_path / "out.pt", dataset="digits")
+        record = result.records[0]
+        assert record["layout"] == "tiny/folder" and record["source"] == str(folder / "weights.bin")
+        assert record["source_sha256"] == {"weights.bin": "abc"} and record["dataset"] == "digits"
+        with pytest.raises(CheckpointError, match="is a folder"):  # load_model reads files only
+            jemeval.load_model(folder)
+    model = jemeval.load_model(tmp_path / "out.pt")
+    x = torch.rand(3, *reference.input_shape) * 2 - 1
+    assert torch.equal(model(x), reference(x)) and model.metadata["dataset"] == "digits"
+
+
+def test_a_checkpoint_two_layouts_claim_is_refused(tmp_path):
+    src = tmp_path / "sada.pt"
+    save_follow_up(src, follow_up_state_dict(f_linear=False), buffer=False)
+    greedy = CheckpointLayout("claims everything", match=lambda obj: _tiny_found({}))
+    with testing.registered_plugin(_layout_plugin(greedy=greedy), name="greedy-layouts"):
+        with pytest.raises(CheckpointError, match=r"matches several layouts: 'greedy' \(plugin 'greedy-layouts'\) and "
+                                                  r"'jem\+\+/sada-jem' \(plugin 'jemeval.builtins.layouts'\)"):
+            convert(src, tmp_path / "o.pt")
+    with testing.registered_plugin(_layout_plugin(bad=object()), name="bad-layouts"):
+        info = {i.name: i for i in get_plugin_manager().plugin_infos()}["bad-layouts"]
+        assert "not an object with match(obj) or match_path(path)" in info.as_dict()["error"]

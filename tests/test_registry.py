@@ -78,7 +78,8 @@ def test_python_api_takes_plural_kinds_like_the_cli():
 
 @pytest.mark.parametrize("spec, message", [
     ("cnn:widht=8", "model 'cnn' has no option 'widht' (did you mean 'width'?); its options: width"),
-    ("wrn:widn=4", "model 'wrn' has no option 'widn' (did you mean 'widen'?); its options: depth, widen, norm, dropout"),
+    ("wrn:widn=4",
+     "model 'wrn' has no option 'widn' (did you mean 'widen'?); its options: depth, widen, norm, dropout"),
     ("cnn:big", "model 'cnn' takes no ':big' variant, only key=value options (width), e.g. cnn:width=..."),
 ])
 def test_model_options_are_checked_against_the_factory(spec, message):
@@ -95,7 +96,8 @@ def test_cli_arch_typo_lists_the_options(tmp_path):
 
     from jemeval.cli import cli
 
-    r = CliRunner().invoke(cli, ["train", "digits", "--arch", "cnn:widht=8", "--epochs", "1", "--out", str(tmp_path / "r")])
+    r = CliRunner().invoke(cli, ["train", "digits", "--arch", "cnn:widht=8", "--epochs", "1",
+                                 "--out", str(tmp_path / "r")])
     assert r.exit_code == 2 and "did you mean 'width'?" in r.output and "its options: width" in r.output, r.output
     assert not (tmp_path / "r" / "best.pt").exists()
 
@@ -108,3 +110,17 @@ def test_split_specs_keeps_a_single_name_whole():
     assert split_specs(("uniform", " interp "), "ood") == ["uniform", "interp"]
     with pytest.raises(UsageError, match="ood is empty"):
         split_specs(" , ", "ood")
+
+
+def test_checkpoint_layouts_keep_their_authors_names_and_must_match_something():
+    from jemeval.formats.foreign import CheckpointLayout
+    from jemeval.registry import normalize_kind
+
+    r = Registry()
+    layout = CheckpointLayout("a layout", match=lambda obj: None)
+    assert r.add("checkpoint-layouts", "jem++/sada-jem", layout, plugin="p").help == "a layout"
+    with pytest.raises(UsageError, match=r"invalid name 'a\+b'.*letters, digits, '_', '.', '-', and start"):
+        r.add("model", "a+b", _f, plugin="p")  # '+' and '/' only for layouts, which nobody types in a spec
+    with pytest.raises(UsageError, match="not an object with match"):
+        r.add("checkpoint_layout", "nothing", _f, plugin="p")
+    assert normalize_kind("Checkpoint-Layouts") == "checkpoint_layout"

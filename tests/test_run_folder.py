@@ -21,6 +21,7 @@ from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 from jemeval.runtime.distributed import available_cpus
 from jemeval.training import resolve_config, train
+from jemeval.training.launch import check_launch
 from jemeval.training.rundir import LOCK_NAME, RunLock
 
 # 3 digit classes, batch 64 -> 5 iterations per epoch; 1 SGLD step; no test evaluation.
@@ -32,7 +33,7 @@ CLI_TINY = ["digits[0-2]", "--arch", "cnn:width=8", "--epochs", "1", "--sgld-ste
 
 
 def tiny(out: Path, **changes) -> dict:
-    return train(resolve_config(DATASET, **{**TINY, "out": str(out), **changes}))
+    return train(resolve_config(DATASET, **{**TINY, "out": str(out), **changes})).records[0]
 
 
 def invoke(*args):
@@ -57,13 +58,16 @@ def test_new_run_refuses_a_folder_holding_a_run_and_overwrite_replaces_it(tmp_pa
     tiny(out, epochs=2, grid_every=1)
     (out / "samples" / "mine.txt").write_text("the user's own file")
     before = snapshot(out)
-    with pytest.raises(UsageError, match=r"already holds a training run \(last.pt, best.pt, metrics.csv\).*--resume.*--overwrite"):
+    existing = r"already holds a training run \(last.pt, best.pt, metrics.csv\).*resume=True.*overwrite=True"
+    with pytest.raises(UsageError, match=existing):
         tiny(out, seed=5)
     message = one_line_error(invoke(*CLI_TINY, "--out", str(out)))
     assert "--resume" in message and "--overwrite" in message
     assert snapshot(out) == before  # nothing written or changed
     # --overwrite with --resume contradicts itself: one line, before anything is read or written
-    assert "give one of them, not both" in one_line_error(invoke(*CLI_TINY, "--out", str(out), "--resume", "--overwrite"))
+    both = one_line_error(invoke(*CLI_TINY, "--out", str(out), "--resume", "--overwrite"))
+    assert "--resume continues the run in its folder and --overwrite replaces it: give one of them, not both" == \
+        both.removeprefix("Error: ")
     with pytest.raises(UsageError, match="not both"):
         train(DATASET, out=str(out), resume=True, overwrite=True)
     assert snapshot(out) == before
@@ -75,7 +79,7 @@ def test_new_run_refuses_a_folder_holding_a_run_and_overwrite_replaces_it(tmp_pa
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["mine.txt"]
     assert read_checkpoint(out / "best.pt")["config"]["seed"] == 5
     # a run started with overwrite=True resumes like any other (the flag is not carried over)
-    resumed = train(DATASET, out=str(out), resume=True, epochs=2)
+    resumed = train(DATASET, out=str(out), resume=True, epochs=2).records[0]
     assert resumed["status"] == "completed" and resumed["epochs"] == 2
 
 
@@ -198,7 +202,7 @@ def test_resume_rewrites_metrics_csv_from_last_pt(tmp_path):
     assert original.count("\n") == 3
     # a kill between the last.pt rename and the CSV write: the CSV lacks the last epoch's row
     (out / "metrics.csv").write_text("".join(original.splitlines(keepends=True)[:-1]))
-    resumed = train(DATASET, out=str(out), resume=True)
+    resumed = train(DATASET, out=str(out), resume=True).records[0]
     assert resumed["status"] == "completed" and resumed["epochs"] == 2
     assert (out / "metrics.csv").read_text() == original
     (out / "metrics.csv").unlink()
@@ -217,7 +221,8 @@ def test_stale_temporary_files_are_removed_on_start_and_resume(tmp_path):
         return Path(path)
 
     debris = [stale(out, "last.pt"), stale(out, "best.pt"), stale(out / "samples", "buffer_epoch001.png")]
-    keep = [out / ".last.pt.notes.tmp", out / ".mydata.abcdefgh.tmp", out / "keep.tmp", out / "samples" / ".x.abcdefgh.tmp"]
+    keep = [out / ".last.pt.notes.tmp", out / ".mydata.abcdefgh.tmp", out / "keep.tmp",
+            out / "samples" / ".x.abcdefgh.tmp"]
     for path in keep:
         path.write_text("user data")
     tiny(out)
@@ -241,14 +246,12 @@ def test_out_with_a_missing_parent_is_one_line_and_creates_nothing(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
     # the default runs/DATASET is created with its parent
     monkeypatch.chdir(tmp_path)
-    summary = train(DATASET, **{**TINY, "px_weight": 0.0})
+    summary = train(DATASET, **{**TINY, "px_weight": 0.0}).records[0]
     assert summary["status"] == "completed" and Path(summary["last"]) == Path("runs/digits/last.pt")
 
 
 # -- item 13: --nproc is bounded by the devices ----------------------------------------------------
 def test_nproc_above_the_devices_is_refused_before_launch(tmp_path, monkeypatch):
-    from jemeval.cli.commands.train import _check_launch
-
     too_many = available_cpus() + 1
     message = one_line_error(invoke(*CLI_TINY, "--out", str(tmp_path / "cpu"), "--nproc", str(too_many)))
     assert f"--nproc {too_many} is more than the {available_cpus()} CPU core(s)" in message
@@ -261,7 +264,7 @@ def test_nproc_above_the_devices_is_refused_before_launch(tmp_path, monkeypatch)
     assert "1 GPU(s)" in one_line_error(invoke(*CLI_TINY[:-3], "--no-progress", "--out", str(tmp_path / "gpu"),
                                                "--nproc", "2"))  # --device auto picks CUDA
     if available_cpus() >= 2:
-        _check_launch(resolve_config(DATASET, **{**TINY, "out": str(tmp_path / "cpu")}), 2)
+        check_launch(resolve_config(DATASET, **{**TINY, "out": str(tmp_path / "cpu")}), 2)
     assert not any(tmp_path.iterdir())  # nothing created by any refusal
 
 

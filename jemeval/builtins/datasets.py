@@ -95,8 +95,10 @@ def cifar10(split, root, download):
     _check_split("cifar10", split)
     from torchvision import datasets
 
-    return _torchvision("cifar10", lambda r, d: datasets.CIFAR10(str(r), train=split == "train", download=d, transform=_tv_transform()),
-                        root, download, num_classes=10, input_shape=(3, 32, 32),
+    def build(r, d):
+        return datasets.CIFAR10(str(r), train=split == "train", download=d, transform=_tv_transform())
+
+    return _torchvision("cifar10", build, root, download, num_classes=10, input_shape=(3, 32, 32),
                         info={"source": "torchvision.datasets.CIFAR10", "augment": {"pad": 4, "flip": True}})
 
 
@@ -105,8 +107,10 @@ def cifar100(split, root, download):
     _check_split("cifar100", split)
     from torchvision import datasets
 
-    return _torchvision("cifar100", lambda r, d: datasets.CIFAR100(str(r), train=split == "train", download=d, transform=_tv_transform()),
-                        root, download, num_classes=100, input_shape=(3, 32, 32),
+    def build(r, d):
+        return datasets.CIFAR100(str(r), train=split == "train", download=d, transform=_tv_transform())
+
+    return _torchvision("cifar100", build, root, download, num_classes=100, input_shape=(3, 32, 32),
                         info={"source": "torchvision.datasets.CIFAR100", "augment": {"pad": 4, "flip": True}})
 
 
@@ -115,8 +119,10 @@ def svhn(split, root, download):
     _check_split("svhn", split)
     from torchvision import datasets
 
-    return _torchvision("svhn", lambda r, d: datasets.SVHN(str(r), split=split, download=d, transform=_tv_transform()),
-                        root, download, num_classes=10, input_shape=(3, 32, 32),
+    def build(r, d):
+        return datasets.SVHN(str(r), split=split, download=d, transform=_tv_transform())
+
+    return _torchvision("svhn", build, root, download, num_classes=10, input_shape=(3, 32, 32),
                         info={"source": "torchvision.datasets.SVHN", "augment": {"pad": 4, "flip": False}})
 
 
@@ -126,17 +132,20 @@ def celeba(split, root, download, *, crop: int = 140):
     from torchvision import datasets, transforms
 
     extra = (transforms.CenterCrop(int(crop)), transforms.Resize(32))
-    ds = _torchvision("celeba", lambda r, d: datasets.CelebA(str(r), split=split, target_type=[], download=d,
-                                                          transform=_tv_transform(extra), target_transform=lambda _: -1),
-                      root, download, num_classes=None, input_shape=(3, 32, 32),
-                      info={"source": "torchvision.datasets.CelebA", "center_crop": int(crop), "resize": 32})
-    return ds
+
+    def build(r, d):
+        return datasets.CelebA(str(r), split=split, target_type=[], download=d, transform=_tv_transform(extra),
+                               target_transform=lambda _: -1)
+
+    return _torchvision("celeba", build, root, download, num_classes=None, input_shape=(3, 32, 32),
+                        info={"source": "torchvision.datasets.CelebA", "center_crop": int(crop), "resize": 32})
 
 
 # -- synthetic OOD sets ------------------------------------------------------------------------
 def _shape(input_shape, name):
     if input_shape is None:
-        raise UsageError(f"dataset {name!r} needs the input shape (it takes the model's; pass input_shape=(C, H, W) from Python)")
+        raise UsageError(f"dataset {name!r} needs the input shape (it takes the model's; pass input_shape=(C, H, W) "
+                         "from Python)")
     return tuple(int(s) for s in input_shape)
 
 
@@ -164,7 +173,7 @@ def interp(split, root, download, *, variant: str | None = None, base: str | Non
     """Averages of pairs of another dataset's images (``interp:digits``), the paper's Interp set."""
     base = variant or base
     if not base:
-        raise UsageError("name the dataset to interpolate, e.g. --ood interp:digits")
+        raise UsageError("name the dataset to interpolate, e.g. interp:digits")
     x, _ = to_arrays(load_dataset(base, split, root, download))
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.randperm(len(x), generator=g)
@@ -175,7 +184,8 @@ def interp(split, root, download, *, variant: str | None = None, base: str | Non
 
 # -- files -------------------------------------------------------------------------------------
 def npz(split, root, download, *, variant: str | None = None, path: str | None = None):
-    """Arrays from a .npz file: ``x`` (or ``images``: N,C,H,W or N,H,W,C; uint8 0..255 or floats in [-1, 1]) and optional ``y`` (or ``labels``)."""
+    """Arrays from a .npz file: ``x`` (or ``images``: N,C,H,W or N,H,W,C; uint8 0..255 or floats in [-1, 1])
+    and optional ``y`` (or ``labels``)."""
     path = variant or path
     if not path:
         raise UsageError("name the file, e.g. npz:/data/images.npz")
@@ -189,8 +199,10 @@ def npz(split, root, download, *, variant: str | None = None, path: str | None =
         x = x.transpose(0, 3, 1, 2)
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0 * 2 - 1
-    labels = None if y is None else torch.from_numpy(y.astype(np.float64 if np.issubdtype(y.dtype, np.floating) else np.int64))
-    ds = ArrayDataset(torch.from_numpy(x.astype(np.float32)), labels, name="npz", info={"path": str(p)})  # checks values
+    labels = None if y is None else torch.from_numpy(
+        y.astype(np.float64 if np.issubdtype(y.dtype, np.floating) else np.int64))
+    # ArrayDataset checks the values (finite, in [-1, 1], whole-number labels)
+    ds = ArrayDataset(torch.from_numpy(x.astype(np.float32)), labels, name="npz", info={"path": str(p)})
     k = int(ds.y.max()) + 1 if y is not None and int(ds.y.max()) >= 0 else None
     ds.num_classes = k
     return ds
@@ -212,7 +224,8 @@ def _read_npz(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
     with f:
         key_x = next((k for k in ("x", "images") if k in f.files), None)
         if key_x is None:
-            raise UsageError(f"{str(p)!r} has no array 'x' or 'images' (it has {', '.join(f.files) or 'none'}); {_NPZ_HOW}")
+            raise UsageError(f"{str(p)!r} has no array 'x' or 'images' (it has {', '.join(f.files) or 'none'}); "
+                             f"{_NPZ_HOW}")
         key_y = next((k for k in ("y", "labels") if k in f.files), None)
         arrays = {}
         for key in filter(None, (key_x, key_y)):

@@ -36,7 +36,7 @@ def timm_model(num_classes, input_shape, *, variant: str | None = None, **option
     import timm
 
     if not variant:
-        raise UsageError("name the timm architecture, e.g. --arch timm:resnet18")
+        raise UsageError("name the timm architecture, e.g. timm:resnet18")
     available = timm.list_models()
     if variant not in available:
         raise UsageError(f"unknown timm architecture {variant!r}{did_you_mean(variant, available)}")

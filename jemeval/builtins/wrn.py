@@ -1,6 +1,7 @@
 """The pre-activation Wide ResNet of the JEM release, with the same module names.
 
-Layout (the JEM release's wideresnet.py, see docs/interop.md): stages 16 / 16k / 32k / 64k, (depth - 4) / 6 blocks per stage.
+Layout (the JEM release's wideresnet.py, see docs/interop.md): stages 16 / 16k / 32k / 64k,
+(depth - 4) / 6 blocks per stage.
 Block: norm -> LeakyReLU(0.2) -> conv3x3 (bias) -> dropout -> norm -> LeakyReLU(0.2) -> conv3x3
 (bias, carries the stride); shortcut conv1x1 with bias when stride or width changes. Head: norm ->
 LeakyReLU(0.2) -> global average pool -> Linear(64k, K) named ``class_output``.

@@ -1,59 +1,44 @@
 """The ``jemeval`` command line: click commands as thin shells over jemeval's Python functions.
 
-Commands live one per module in :mod:`jemeval.cli.commands` (``train.py`` -> ``jemeval train``)
-and are imported only when run, so ``jemeval --help`` stays fast and a broken plugin or a heavy
-import cannot break it. User mistakes raised as :class:`~jemeval.errors.JemevalError` become one
+Every command, jemeval's own included, comes through the ``register_commands`` hook
+(:mod:`jemeval.cli.default_commands` adds one per module of :mod:`jemeval.cli.commands`, ``train.py``
+-> ``jemeval train``). Commands are imported only when listed or run, and the component built-ins
+(torch) not at all for ``jemeval --help``, so it stays fast and a broken plugin or a heavy import
+cannot break it. User mistakes raised as :class:`~jemeval.errors.JemevalError` become one
 ``Error: ...`` line (exit 2 for usage errors, 1 otherwise), never a traceback.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
-import pkgutil
 import sys
 
 import click
 
 from jemeval import __version__
-from jemeval.errors import JemevalError, UsageError
+from jemeval.errors import JemevalError, UsageError, did_you_mean
+from jemeval.plugins import get_plugin_manager
 
-_COMMANDS_PACKAGE = "jemeval.cli.commands"
 DEBUG_ENV = "JEMEVAL_DEBUG"
 
 
-def _command_modules() -> dict[str, str]:
-    from jemeval.cli import commands
-
-    return {
-        m.name.replace("_", "-").removesuffix("-cmd"): f"{_COMMANDS_PACKAGE}.{m.name}"
-        for m in pkgutil.iter_modules(commands.__path__)
-        if not m.name.startswith("_")
-    }
-
-
 class JemevalGroup(click.Group):
-    """Lazy command discovery plus translation of jemeval errors into one-line click errors."""
+    """Commands from the ``register_commands`` hook, plus translation of jemeval errors into one-line click errors."""
 
     def list_commands(self, ctx):
-        return sorted(set(super().list_commands(ctx)) | set(_command_modules()))
+        return sorted(set(super().list_commands(ctx)) | set(get_plugin_manager().commands()))
 
     def get_command(self, ctx, name):
         cmd = super().get_command(ctx, name)
         if cmd is not None:
             return cmd
-        module_name = _command_modules().get(name)
-        if module_name is None:
-            return None
-        module = importlib.import_module(module_name)
-        return getattr(module, "cli")
+        entry = get_plugin_manager().commands().get(name)
+        return None if entry is None else entry.load()
 
     def resolve_command(self, ctx, args):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
-            from jemeval.errors import did_you_mean
-
             if args and "No such command" in str(exc):
                 hint = did_you_mean(args[0], self.list_commands(ctx))
                 raise click.UsageError(f"no command {args[0]!r}{hint}; see 'jemeval --help'", ctx) from None

@@ -31,8 +31,9 @@ def create_model(
     if spec.variant is not None:
         accepted = accepted_options(factory, skip=2)
         if accepted is not None and "variant" not in accepted:
+            example = accepted[0] if accepted else "key"
             raise UsageError(f"model {spec.name!r} takes no ':{spec.variant}' variant, only key=value options "
-                             f"({', '.join(accepted) or 'none'}), e.g. {spec.name}:{accepted[0] if accepted else 'key'}=...")
+                             f"({', '.join(accepted) or 'none'}), e.g. {spec.name}:{example}=...")
         merged["variant"] = spec.variant
     # a misspelt option (cnn:widht=8) fails here, listing the valid ones, not as a TypeError inside
     check_options(factory, merged, f"model {spec.name!r}", skip=2)

@@ -115,3 +115,17 @@ def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size
     generator = torch.Generator(device=device).manual_seed(int(seed) + 1)
     refined = RefinedClassifier(model, steps, chains=chains, sigma=chain_sigma, sgld=sgld, generator=generator)
     return refined, {**refined.settings(), "generator_seed": int(seed) + 1}
+
+
+def accuracy_on_arrays(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                       sigma: float = 0.0, seed: int = 0) -> float | None:
+    """Top-1 accuracy of ``model`` on tensors (x, y), None for an empty set (the trainer's validation
+    and test accuracy). Inputs get N(0, sigma^2) noise from a generator seeded with ``seed``;
+    :func:`run_batches` computes the logits once per batch without gradients and restores the
+    model's mode afterwards."""
+    from jemeval.data import ArrayDataset
+
+    if len(x) == 0:
+        return None
+    out = run_batches(model, ArrayDataset(x, y), sigma=sigma, seed=seed, batch_size=batch_size, progress=False)
+    return float((out.logits.argmax(1) == out.labels).mean())

@@ -30,7 +30,7 @@ import torch
 from jemeval.components import NORMS, pixel_to_model_scale
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError, UsageError
-from jemeval.evaluation.attacks import check_norm, perturbation_norm, project_to_ball
+from jemeval.evaluation.threat import check_norm, perturbation_norm, project_to_ball
 from jemeval.evaluation.batching import check_input_shape, prepare_model, training_dataset
 from jemeval.provenance import provenance
 from jemeval.results import Result

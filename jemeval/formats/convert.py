@@ -1,18 +1,25 @@
 """``jemeval convert``: write a foreign checkpoint as a jemeval checkpoint, with its source recorded.
 
-The output records the source layout and SHA-256, the BatchNorm mode the layout's authors sample
-with, provenance and (optionally) the training dataset. :func:`write_converted` is shared with
-plugin converters (jemeval-igebm's TensorFlow one).
+The layout is found among the registered ones (``register_checkpoint_layouts``): first those that
+recognise the path itself (``match_path``: a TensorFlow checkpoint prefix...), then those that
+recognise the file's contents (``match``). The output records the source layout and SHA-256, the
+SGLD settings the layout's authors sample with (BatchNorm mode, clamp), provenance and (optionally)
+the training dataset. :func:`convert_found` is shared with plugin converters (jemeval-igebm's).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
-from jemeval.formats.foreign import identify_foreign, unknown_layout_error
+from jemeval.formats.foreign import (
+    FoundCheckpoint,
+    foreign_model,
+    identify_foreign,
+    identify_path,
+    unknown_layout_error,
+)
 from jemeval.formats.native import check_finite, is_jemeval_checkpoint, read_checkpoint, save_checkpoint
 from jemeval.plugins import names
 from jemeval.provenance import file_sha256, provenance
@@ -34,10 +41,7 @@ def check_output_path(src: Path | str, dst: Path | str) -> Path:
 def write_converted(model: EnergyModel, source: str, dst: Path | str, *, layout: str, source_sha256: Any,
                     dataset: str | None = None, replay_buffer: Any = None, config: dict | None = None,
                     extra: dict | None = None, command: str = "convert"):
-    """Save a converted model as a jemeval checkpoint (with provenance) and return the Result record.
-
-    Shared by ``jemeval convert`` and plugin converters (e.g. jemeval-igebm's TensorFlow one).
-    """
+    """Save a converted model as a jemeval checkpoint (with provenance) and return the Result record."""
     config = {"source_layout": layout, "source_file": source, "source_sha256": source_sha256, **(config or {})}
     source_file = source if Path(source).is_file() else None  # a TF checkpoint is a prefix, hashed in settings
     prov = provenance(command=command, checkpoint=source_file, settings={"source_layout": layout, "dataset": dataset,
@@ -52,45 +56,47 @@ def write_converted(model: EnergyModel, source: str, dst: Path | str, *, layout:
     return Result([record], provenance=prov)
 
 
-# -- jemeval convert ---------------------------------------------------------------------------
-def _looks_like_tensorflow(path: Path) -> bool:
-    if path.is_dir():
-        return (path / "checkpoint").exists()
-    return path.suffix == ".index" or re.search(r"\.data-\d+-of-\d+$", path.name) is not None or (
-        not path.exists() and Path(f"{path}.index").exists()
+def convert_found(found: FoundCheckpoint, src: Path | str, dst: Path | str, *, dataset: str | None = None,
+                  command: str = "convert") -> Result:
+    """Build a found checkpoint's model and write it to ``dst`` (checked by :func:`check_output_path`)."""
+    model = foreign_model(found, str(src))
+    if found.replay_buffer is not None:
+        check_finite(found.replay_buffer, "its replay buffer", str(src))
+    source_sha256 = found.source_sha256 if found.source_sha256 is not None else file_sha256(src)
+    return write_converted(
+        model, found.source or str(src), dst, layout=found.layout, source_sha256=source_sha256, dataset=dataset,
+        replay_buffer=found.replay_buffer, config=found.source_config(),
+        extra={"bn_mode": found.sgld.get("bn_mode"), **found.notes}, command=command,
     )
 
 
-def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
-    """Write the foreign checkpoint ``path_in`` as a jemeval checkpoint at ``path_out``.
-
-    The output records the source layout, the source file's SHA-256, the BatchNorm mode the
-    layout's authors sample with (``config["sgld"]["bn_mode"]``) and, with ``dataset``, the
-    training set (which a foreign checkpoint does not name; ``ood`` and ``calibrate`` use it as
-    the in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
-    """
-    src, dst = Path(path_in), Path(path_out)
-    if _looks_like_tensorflow(src):
-        raise UsageError(
-            f"{str(src)!r} is a TensorFlow checkpoint; IGEBM release checkpoints are converted by the "
-            "jemeval-igebm plugin: pip install 'jemeval-igebm[tf]', then jemeval-igebm-convert IN OUT"
-        )
-    check_output_path(src, dst)
-    if dataset is not None:
-        check_dataset_name(dataset)
+def find_layout(src: Path) -> FoundCheckpoint:
+    """The registered layout of ``src``: by its path, else by its contents; one line when there is none."""
+    found = identify_path(src)
+    if found is not None:
+        return found
     obj = read_checkpoint(src)
     if is_jemeval_checkpoint(obj):
         raise UsageError(f"{str(src)!r} is already a jemeval checkpoint; nothing to convert")
     found = identify_foreign(obj)
     if found is None:
         raise unknown_layout_error(obj, str(src))
-    model = found.build(str(src))
-    if found.replay_buffer is not None:
-        check_finite(found.replay_buffer, "its replay buffer", str(src))
-    return write_converted(
-        model, str(src), dst, layout=found.layout, source_sha256=file_sha256(src), dataset=dataset,
-        replay_buffer=found.replay_buffer, config=found.source_config(), extra={"bn_mode": found.sgld.get("bn_mode")},
-    )
+    return found
+
+
+def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None) -> Result:
+    """Write the foreign checkpoint ``path_in`` as a jemeval checkpoint at ``path_out``.
+
+    The output records the source layout, the source's SHA-256, the SGLD settings the layout's
+    authors sample with (``config["sgld"]``: the BatchNorm mode, a clamp) and, with ``dataset``, the
+    training set (which a foreign checkpoint does not name; ``ood`` and ``calibrate`` use it as the
+    in-distribution default). Returns a :class:`~jemeval.results.Result` describing the output.
+    """
+    src, dst = Path(path_in), Path(path_out)
+    check_output_path(src, dst)
+    if dataset is not None:
+        check_dataset_name(dataset)
+    return convert_found(find_layout(src), src, dst, dataset=dataset)
 
 
 def check_dataset_name(dataset: str) -> None:

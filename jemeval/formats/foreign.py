@@ -1,175 +1,109 @@
-"""Foreign checkpoint layouts: recognised from their keys, built as jemeval EnergyModels.
+"""Foreign checkpoint layouts: the interface a layout implements, and finding the one a file is in.
 
-Each supported layout is a :class:`ForeignLayout` in ``LAYOUTS``; ``match(obj)`` returns a
-:class:`FoundCheckpoint` (or None) whose ``build`` returns the model. All three share the JEM
-release's Wide ResNet module names (the JEM release's wideresnet.py, see docs/interop.md), so one WRN builder serves them;
-they differ in the keys that tell them apart and in the BatchNorm mode their authors' samplers use:
+Layouts are components of kind ``checkpoint_layout``, registered through the
+``register_checkpoint_layouts`` hook: the JEM-family Wide ResNets by :mod:`jemeval.builtins.layouts`,
+others by plugins (jemeval-igebm's TensorFlow release). A :class:`CheckpointLayout` recognises a
+checkpoint in one of two ways:
 
-* ``jem-release``: JEM (Grathwohl et al. 2020), no norm layers; its ``f.linear`` and
-  ``energy_output`` heads are unused and dropped. Samples with the network in eval mode.
-* ``jem-release-batchnorm``: the same code trained with ``--norm batch`` (``f.linear`` present).
-* ``jem++/sada-jem``: JEM++ (Yang & Ji 2021) and SADA-JEM (Yang et al. 2023): BatchNorm, no
-  ``f.linear``. Both keep BatchNorm in *train* mode while sampling, which is recorded as
-  ``config["sgld"]["bn_mode"] = "train"`` so that ``jemeval sample`` and the SGLD refinement pick
-  it up. JEM++'s ``--model yopo`` network registers its first conv and its stages a second time
-  (``f.layer_one.*``, ``f.other_layers.*``); those aliases are checked equal and dropped.
+* ``match(obj)``: ``obj`` is the file's contents as ``torch.load(weights_only=True)`` read them
+  (a dict of tensors and plain data). Used by :func:`jemeval.load_model` (so every ``--model``
+  reads the layout directly) and by ``jemeval convert``.
+* ``match_path(path)``: for checkpoints torch cannot read as one file (a TensorFlow checkpoint
+  prefix, a folder). Called with the path as the user gave it, before anything is read; used by
+  ``jemeval convert`` only, which writes the model as a jemeval checkpoint once.
 
-:func:`convert` writes any of them as a jemeval checkpoint, with its source recorded.
+Either returns a :class:`FoundCheckpoint` when the checkpoint is in its layout and ``None`` when it
+is not, and raises :class:`~jemeval.errors.CheckpointError` (one line) for a checkpoint that is in
+its layout but cannot be used. Exactly one layout may claim a checkpoint: two that both match are an
+error naming both, as two components of one name are.
 """
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError
-from jemeval.formats.native import _looks_like_state_dict, load_state, replay_buffer_of
-
-_OFFICIAL_UNUSED = ("energy_output.", "f.linear.")
-
-
-#: SADA-JEM's 64 x 64 networks add a fourth stage; jemeval's WRN has three
-_UNSUPPORTED_WRN_KEYS = (("f.layer4.", "a fourth WRN stage (f.layer4, SADA-JEM's 64x64 networks)"),)
-
-
-#: JEM++ --model yopo: the same modules registered under a second name
-_YOPO_ALIASES = (("f.layer_one.", "f.conv1."), ("f.other_layers.0.", "f.layer1."), ("f.other_layers.1.", "f.layer2."),
-                 ("f.other_layers.2.", "f.layer3."), ("f.other_layers.3.", "f.bn1."))
+from jemeval.plugins import get_registry
 
 
 @dataclass
 class FoundCheckpoint:
-    """A recognised foreign checkpoint: its layout, state dict, inferred config and sampler hints."""
+    """A recognised foreign checkpoint: how to build its model and what a conversion records."""
 
-    layout: str
-    state: dict
-    config: dict
-    replay_buffer: Any
-    builder: Callable[[FoundCheckpoint, str], EnergyModel]
-    #: SGLD settings the layout's authors used (read by sampling commands via config["sgld"])
+    #: builds the model with the checkpoint's weights: ``build(path) -> EnergyModel`` (``path`` for messages)
+    build: Callable[[str], EnergyModel]
+    #: the layout's name; jemeval sets it to the name the layout is registered under
+    layout: str | None = None
+    #: recorded in the model's and the converted checkpoint's ``config`` (e.g. the inferred architecture)
+    config: dict = field(default_factory=dict)
+    #: SGLD settings the layout's authors used (``bn_mode``, ``clamp``), read by sampling via config["sgld"]
     sgld: dict = field(default_factory=dict)
-
-    def build(self, path: str) -> EnergyModel:
-        return self.builder(self, path)
+    replay_buffer: torch.Tensor | None = None
+    #: the source recorded by a conversion when it is not the path given (a TensorFlow checkpoint's prefix)
+    source: str | None = None
+    #: the source's hash(es) when it is not one file (default: the SHA-256 of the file given)
+    source_sha256: Any = None
+    #: extra keys of the conversion record (``jemeval convert --json``)
+    notes: dict = field(default_factory=dict)
 
     def source_config(self) -> dict:
-        """What a converted checkpoint records about its source (its ``config``)."""
-        return {"source_layout": self.layout, "arch_inferred": dict(self.config), "sgld": dict(self.sgld)}
+        """What the model (and a converted checkpoint) records about its source, under ``config``."""
+        return {"source_layout": self.layout, **self.config, "sgld": dict(self.sgld)}
 
 
 @dataclass(frozen=True)
-class ForeignLayout:
-    name: str
+class CheckpointLayout:
+    """A foreign checkpoint layout (see the module docstring); give ``match``, ``match_path`` or both."""
+
+    #: one line for ``jemeval list checkpoint_layouts`` and for the error listing the known layouts
     summary: str
-    bn_mode: str
-    match: Callable[[Any], FoundCheckpoint | None]
+    match: Callable[[Any], FoundCheckpoint | None] | None = None
+    match_path: Callable[[str], FoundCheckpoint | None] | None = None
 
 
-def official_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
-    """The WRN state dict inside a JEM-release checkpoint, or None if ``obj`` is not one."""
-    state = obj.get("model_state_dict") if isinstance(obj, dict) and "model_state_dict" in obj else obj
-    if _looks_like_state_dict(state) and "f.conv1.weight" in state and "class_output.weight" in state:
-        return state
-    return None
+def _identify(method: str, arg: Any) -> FoundCheckpoint | None:
+    """The one registered layout whose ``method`` claims ``arg``, with its registered name; None if none."""
+    found = []
+    for component in get_registry().components("checkpoint_layout"):
+        matcher = getattr(component.obj, method, None)
+        result = matcher(arg) if callable(matcher) else None
+        if result is not None:
+            found.append((component, replace(result, layout=component.name)))
+    if len(found) > 1:
+        raise CheckpointError(
+            "the checkpoint matches several layouts: "
+            + " and ".join(f"{c.name!r} (plugin {c.plugin!r})" for c, _ in found)
+            + "; uninstall the plugin that should not claim it"
+        )
+    return found[0][1] if found else None
 
 
-def infer_wrn_config(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Depth, widen factor, norm, class count and channels of a WRN state dict in the release layout."""
-    try:
-        conv1 = state["f.conv1.weight"]
-        first = state["f.layer1.0.conv1.weight"]
-        blocks = {int(m.group(1)) for k in state if (m := re.match(r"f\.layer1\.(\d+)\.conv1\.weight$", k))}
-        num_classes = state["class_output.weight"].shape[0]
-    except KeyError as exc:
-        raise CheckpointError(f"state dict lacks {exc.args[0]!r}: not a JEM Wide ResNet layout") from None
-    widen = first.shape[0] // 16
-    depth = 6 * len(blocks) + 4
-    if "f.layer1.0.bn1.running_mean" in state or "f.bn1.running_mean" in state:
-        norm = "batch"
-    elif any(k.startswith("f.bn1.") or ".bn1." in k for k in state):
-        raise CheckpointError("the checkpoint uses a norm layer jemeval does not know (only none and batch are supported)")
-    else:
-        norm = None
-    return {"depth": depth, "widen": widen, "norm": norm, "num_classes": int(num_classes), "in_channels": int(conv1.shape[1])}
+def identify_foreign(obj: Any) -> FoundCheckpoint | None:
+    """The layout of a loaded checkpoint object (``match``), or None."""
+    return _identify("match", obj)
 
 
-def strip_unused_official_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in state.items() if not k.startswith(_OFFICIAL_UNUSED)}
+def identify_path(path: str | os.PathLike) -> FoundCheckpoint | None:
+    """The layout of a checkpoint torch cannot read as one file (``match_path``), or None."""
+    return _identify("match_path", str(path))
 
 
-def _build_wrn(found: FoundCheckpoint, path: str) -> EnergyModel:
-    cfg = found.config
-    model = create_model(
-        "wrn", cfg["num_classes"], (cfg["in_channels"], 32, 32),
-        depth=cfg["depth"], widen=cfg["widen"], norm=cfg["norm"], dropout=0.0,
-        metadata={"dataset": None, "source_format": found.layout, "config": found.source_config()},
-    )
-    load_state(model, strip_unused_official_keys(found.state), path)
+def foreign_model(found: FoundCheckpoint, path: str) -> EnergyModel:
+    """Build a found checkpoint's model, recording its source layout and config in ``model.metadata``."""
+    model = found.build(path)
+    model.metadata.setdefault("dataset", None)
+    model.metadata.update(source_format=found.layout, config=found.source_config())
     return model
 
 
-def without_yopo_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop JEM++'s ``yopo`` aliases (``f.layer_one.*``, ``f.other_layers.*``) after checking
-    each equals the canonical tensor it duplicates; a differing alias means a layout we don't know."""
-    if not any(k.startswith(("f.layer_one.", "f.other_layers.")) for k in state):
-        return state
-    kept = {}
-    for key, value in state.items():
-        alias = next(((a, c) for a, c in _YOPO_ALIASES if key.startswith(a)), None)
-        if alias is None:
-            kept[key] = value
-            continue
-        canonical = alias[1] + key[len(alias[0]):]
-        if canonical not in state or not torch.equal(state[canonical], value):
-            raise CheckpointError(
-                f"key {key!r} looks like a JEM++ yopo alias but does not equal {canonical!r}; "
-                "this is not a layout jemeval knows"
-            )
-    return kept
-
-
-def _reject_unsupported(state: dict[str, torch.Tensor]) -> None:
-    for prefix, what in _UNSUPPORTED_WRN_KEYS:
-        if any(k.startswith(prefix) for k in state):
-            raise CheckpointError(f"the checkpoint has {what}, which jemeval's WRN does not support (32x32 models only)")
-
-
-def _wrn_layout(name: str, summary: str, bn_mode: str, *, norm: str | None, linear: bool | None) -> ForeignLayout:
-    """A WRN layout told apart by its norm and by whether the unused ``f.linear`` head is present."""
-
-    def match(obj: Any) -> FoundCheckpoint | None:
-        state = official_state_dict(obj)
-        if state is None:
-            return None
-        state = without_yopo_aliases(state)
-        cfg = infer_wrn_config(state)
-        if cfg["norm"] != norm or (linear is not None and ("f.linear.weight" in state) != linear):
-            return None
-        _reject_unsupported(state)
-        return FoundCheckpoint(name, state, cfg, replay_buffer_of(obj), _build_wrn, sgld={"bn_mode": bn_mode})
-
-    return ForeignLayout(name, summary, bn_mode, match)
-
-
-#: layouts tried in order by :func:`identify_foreign`
-LAYOUTS: list[ForeignLayout] = [
-    _wrn_layout("jem-release", "JEM release WRN, no norm layers (f.*, class_output.*; f.linear/energy_output ignored)",
-                "eval", norm=None, linear=None),
-    _wrn_layout("jem-release-batchnorm", "JEM release WRN trained with --norm batch (BatchNorm keys and f.linear)",
-                "eval", norm="batch", linear=True),
-    _wrn_layout("jem++/sada-jem", "JEM++ / SADA-JEM WRN (BatchNorm keys, no f.linear; yopo aliases accepted)",
-                "train", norm="batch", linear=False),
-]
-
-
 def supported_layouts() -> str:
-    """One line naming every supported layout (for error messages)."""
-    return "; ".join(f"{layout.name}: {layout.summary}" for layout in LAYOUTS)
+    """One line naming every registered layout (for error messages)."""
+    return "; ".join(f"{c.name}: {c.help}" for c in get_registry().components("checkpoint_layout"))
 
 
 def unknown_layout_error(obj: Any, path: str) -> CheckpointError:
@@ -179,11 +113,3 @@ def unknown_layout_error(obj: Any, path: str) -> CheckpointError:
         f"{path!r} is not a jemeval checkpoint nor a known layout (top-level keys: {keys}); expected a file "
         f"written by `jemeval train` or one of: {supported_layouts()}"
     )
-
-
-def identify_foreign(obj: Any) -> FoundCheckpoint | None:
-    for layout in LAYOUTS:
-        found = layout.match(obj)
-        if found is not None:
-            return found
-    return None

@@ -1,8 +1,9 @@
 """Loading a model from any checkpoint jemeval reads: its own format or a known foreign layout.
 
 ``load_model(path)`` reads the file safely (:func:`jemeval.formats.native.read_checkpoint`), builds
-the architecture the file names (jemeval's format, its options allow-listed) or recognises
-(:mod:`jemeval.formats.foreign`), loads the weights and records the file's SHA-256 for provenance.
+the architecture the file names (jemeval's format, its options allow-listed) or a registered layout
+recognises in it (:mod:`jemeval.formats.foreign`), loads the weights and records the file's SHA-256
+for provenance.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError, UnknownNameError, UsageError
-from jemeval.formats.foreign import identify_foreign, unknown_layout_error
+from jemeval.formats.foreign import foreign_model, identify_foreign, unknown_layout_error
 from jemeval.formats.native import FORMAT, FORMAT_VERSION, is_jemeval_checkpoint, load_state, read_checkpoint
 from jemeval.plugins import get_registry
 from jemeval.provenance import file_sha256
@@ -35,8 +36,8 @@ _PLAIN = (bool, int, float, str, type(None))
 def _check_fields(obj: dict, path: str) -> None:
     for key, kind in _REQUIRED.items():
         if key not in obj:
-            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint (no {key!r}); re-save it with `jemeval train` "
-                                  "or jemeval.save_checkpoint")
+            raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint (no {key!r}); re-save it with "
+                                  "`jemeval train` or jemeval.save_checkpoint")
         if not isinstance(obj[key], kind):
             raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint ({key!r} is a {type(obj[key]).__name__})")
     if not isinstance(obj.get("arch_options", {}), dict):
@@ -57,7 +58,8 @@ def checkpoint_arch_options(arch: str, options: dict, path: str) -> dict:
         raise CheckpointError(f"{path!r} needs model architecture {arch!r}, which no installed plugin provides; "
                               f"install the plugin that registers it ({exc})") from None
     for key, value in options.items():
-        plain = isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
+        plain = isinstance(value, _PLAIN) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
         if accepted is not None and key not in accepted:
             refused = f"is not an option of {arch!r} (its options: {', '.join(accepted) or 'none'})"
         elif key != "variant" and value not in (None, False, "") and _PATHLIKE_OPTION.search(key):
@@ -77,7 +79,8 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
         if not isinstance(obj.get("format_version", 0), int):
             raise CheckpointError(f"{path!r} is a damaged jemeval checkpoint ('format_version' is not a number)")
         if obj.get("format_version", 0) > FORMAT_VERSION:
-            raise CheckpointError(f"{path!r} was written by a newer jemeval (format {obj['format_version']}); upgrade jemeval")
+            raise CheckpointError(f"{path!r} was written by a newer jemeval (format {obj['format_version']}); "
+                                  "upgrade jemeval")
         _check_fields(obj, path)
         options = checkpoint_arch_options(obj["arch"], obj.get("arch_options") or {}, path)
         try:
@@ -96,11 +99,12 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
     found = identify_foreign(obj)
     if found is None:
         raise unknown_layout_error(obj, path)
-    return found.build(path).to(device).eval()
+    return foreign_model(found, path).to(device).eval()
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> EnergyModel:
-    """Load a model from a jemeval checkpoint or a JEM-release checkpoint, in eval mode."""
+    """Load a model, in eval mode, from a jemeval checkpoint or a file in a registered foreign layout
+    (JEM release, JEM++, SADA-JEM, a plugin's); layouts that are not one torch file need ``jemeval convert``."""
     obj = read_checkpoint(path, map_location="cpu")
     model = model_from_checkpoint(obj, str(path), device)
     model.metadata.setdefault("checkpoint", {"path": str(path), "sha256": file_sha256(path)})

@@ -72,10 +72,12 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """``torch.load(weights_only=True)`` with one-line errors for every way a file can be wrong."""
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"checkpoint {str(p)!r} does not exist; pass the path of a .pt file (e.g. runs/digits/best.pt)")
+        raise CheckpointError(f"checkpoint {str(p)!r} does not exist; pass the path of a .pt file "
+                              "(e.g. runs/digits/best.pt)")
     if p.is_dir():
         hint = " (it holds best.pt)" if (p / "best.pt").exists() else ""
-        raise CheckpointError(f"checkpoint {str(p)!r} is a folder{hint}; pass the .pt file inside it, e.g. {str(p / 'best.pt')!r}")
+        raise CheckpointError(f"checkpoint {str(p)!r} is a folder{hint}; pass the .pt file inside it, "
+                              f"e.g. {str(p / 'best.pt')!r}")
     try:
         return torch.load(p, map_location=map_location, weights_only=True)
     except Exception as exc:
@@ -123,7 +125,8 @@ def is_jemeval_checkpoint(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == FORMAT
 
 
-def _looks_like_state_dict(obj: Any) -> bool:
+def looks_like_state_dict(obj: Any) -> bool:
+    """A non-empty dict of named tensors (what ``load_state`` takes and foreign layouts hold)."""
     return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) for k in obj) and all(
         torch.is_tensor(v) for v in obj.values()
     )
@@ -140,7 +143,7 @@ def replay_buffer_of(obj: Any) -> torch.Tensor | None:
 
 def load_state(model: EnergyModel, state: dict, path: str) -> None:
     """Copy ``state`` into the model: every layout's weights enter here, so they are checked here."""
-    if not _looks_like_state_dict(state):
+    if not looks_like_state_dict(state):
         raise CheckpointError(f"{path!r} is a damaged checkpoint: its state_dict is not a dict of named tensors")
     check_finite(state, "weight", path)
     try:

@@ -7,15 +7,16 @@ averaging of metrics, and "only rank 0 writes files" helpers.
 
 Design notes for JEM:
 
-* The global batch is split evenly (``per_rank_batch``) so that a 2-process run with B/2 per rank
-  gives the same averaged gradient as 1 process with batch B (tests/test_distributed.py checks it).
+* The global batch is split evenly so that a 2-process run with B/2 per rank gives the same
+  averaged gradient as 1 process with batch B (tests/test_distributed.py checks it).
 * Each rank keeps its own replay buffer and SGLD generator (:func:`rank_generator`): chains are
   independent across ranks, and a rank's stream does not depend on the world size's other ranks.
-* Sample with the *unwrapped* module (``ctx.unwrap(model)``): SGLD needs only input gradients, and
-  going through DistributedDataParallel's forward would arm its gradient reducer for a backward
-  that never reduces parameter gradients.
-* Resuming with a different world size changes the sharding, the RNG streams and the per-rank
-  buffers, so it is refused unless explicitly allowed (:meth:`DistContext.check_resume`).
+* Sample with the *unwrapped* module (:func:`jemeval.runtime.fastpath.unwrap`): SGLD needs only
+  input gradients, and going through DistributedDataParallel's forward would arm its gradient
+  reducer for a backward that never reduces parameter gradients.
+
+What training does with these (the global batch, per-rank buffers, refusing a resume with another
+world size) is in :mod:`jemeval.training.ddp`.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 
 from jemeval.errors import JemevalError
-from jemeval.runtime.fastpath import unwrap
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -52,36 +52,12 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def per_rank_batch(self, global_batch: int) -> int:
-        """The batch each rank processes; the global batch must split evenly."""
-        if global_batch % self.world_size:
-            raise JemevalError(
-                f"batch size {global_batch} is not divisible by the world size {self.world_size}: "
-                f"choose a multiple of {self.world_size} (e.g. {global_batch - global_batch % self.world_size or self.world_size})"
-            )
-        return global_batch // self.world_size
-
-    def check_resume(self, saved_world_size: int | None, *, allow_change: bool = False) -> None:
-        """Refuse to resume a run written by a different number of processes (unless allowed)."""
-        if saved_world_size is None or int(saved_world_size) == self.world_size or allow_change:
-            return
-        raise JemevalError(
-            f"the checkpoint was written by {saved_world_size} process(es) but this run has {self.world_size}: "
-            f"resume with --nproc-per-node {saved_world_size} (data shards, RNG streams and replay buffers are per rank)"
-        )
-
     def wrap(self, model: nn.Module, **ddp_options) -> nn.Module:
         """DistributedDataParallel around ``model`` when distributed, else ``model`` itself."""
         if not self.distributed:
             return model
         ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_options)
-
-    unwrap = staticmethod(unwrap)
-
-    def state(self) -> dict:
-        """Plain data for checkpoints (``world_size`` is what :meth:`check_resume` compares)."""
-        return {"world_size": self.world_size, "backend": self.backend}
 
 
 def _env_int(env: Mapping[str, str], key: str) -> int | None:
@@ -97,8 +73,6 @@ def _env_int(env: Mapping[str, str], key: str) -> int | None:
 def init_from_env(
     *,
     backend: str | None = None,
-    batch_size: int | None = None,
-    resume_world_size: int | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 600.0,
 ) -> DistContext:
@@ -106,47 +80,50 @@ def init_from_env(
 
     Without those variables (or with WORLD_SIZE=1) this is a single-process context and nothing
     is initialised. ``backend`` defaults to nccl when CUDA is available, else gloo; on CUDA each
-    process uses ``cuda:LOCAL_RANK``. ``batch_size`` (the global batch) and ``resume_world_size``
-    are checked here so that a bad setup fails before any work, on every rank, with one line.
+    process uses ``cuda:LOCAL_RANK``. A launch that cannot work fails here, on every rank, with one line.
     """
     env = os.environ if env is None else env
     rank, world, local = (_env_int(env, k) for k in ENV_KEYS)
     if world is None and rank is None:
-        ctx = DistContext()
-    else:
-        if world is None or rank is None:
-            raise JemevalError("set both RANK and WORLD_SIZE (torchrun does), or neither for a single process")
-        if world < 1 or not 0 <= rank < world:
-            raise JemevalError(f"inconsistent launch: RANK={rank} must be in [0, WORLD_SIZE={world})")
-        local = rank if local is None else local
-        if local < 0 or local > rank:
-            raise JemevalError(f"inconsistent launch: LOCAL_RANK={local} with RANK={rank}")
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            if not torch.cuda.is_available() or local >= torch.cuda.device_count():
-                have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-                raise JemevalError(f"backend nccl needs a CUDA device per process: LOCAL_RANK={local} but {have} GPU(s) visible; "
-                                   "use the gloo backend on CPU")
-            device = torch.device("cuda", local)
-            torch.cuda.set_device(device)
-        elif backend == "gloo":
-            device = torch.device("cpu")
-        else:
-            raise JemevalError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (CUDA)")
-        if world > 1 and not dist.is_initialized():
-            for key in ("MASTER_ADDR", "MASTER_PORT"):
-                if key not in env:
-                    raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
-            address = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"  # from ``env``, which may not be os.environ
-            dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
-        ctx = DistContext(rank=rank, world_size=world, local_rank=local,
-                          backend=backend if world > 1 else None, device=device)
-    if batch_size is not None:
-        ctx.per_rank_batch(batch_size)
-    ctx.check_resume(resume_world_size)
-    return ctx
+        return DistContext()
+    if world is None or rank is None:
+        raise JemevalError("set both RANK and WORLD_SIZE (torchrun does), or neither for a single process")
+    if world < 1 or not 0 <= rank < world:
+        raise JemevalError(f"inconsistent launch: RANK={rank} must be in [0, WORLD_SIZE={world})")
+    local = rank if local is None else local
+    if local < 0 or local > rank:
+        raise JemevalError(f"inconsistent launch: LOCAL_RANK={local} with RANK={rank}")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = _backend_device(backend, local)
+    if world > 1 and not dist.is_initialized():
+        _join_group(backend, rank, world, env, timeout_s)
+    return DistContext(rank=rank, world_size=world, local_rank=local,
+                       backend=backend if world > 1 else None, device=device)
+
+
+def _backend_device(backend: str, local_rank: int) -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` (made current) for nccl, the CPU for gloo."""
+    if backend == "gloo":
+        return torch.device("cpu")
+    if backend != "nccl":
+        raise JemevalError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (CUDA)")
+    if not torch.cuda.is_available() or local_rank >= torch.cuda.device_count():
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise JemevalError(f"backend nccl needs a CUDA device per process: LOCAL_RANK={local_rank} but {have} "
+                           "GPU(s) visible; use the gloo backend on CPU")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _join_group(backend: str, rank: int, world: int, env: Mapping[str, str], timeout_s: float) -> None:
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        if key not in env:
+            raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
+    address = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"  # from ``env``, which may not be os.environ
+    dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def available_cpus() -> int:
@@ -200,7 +177,7 @@ def _mix(*values: int, salt: int = 0x9E3779B97F4A7C15) -> int:
     return h & 0x7FFFFFFFFFFFFFFF
 
 
-def _active() -> bool:
+def active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -210,7 +187,7 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     Use it for logged metrics, not for gradients (DistributedDataParallel averages those). It is a
     collective: every rank must call it, and reading the result on the host synchronises.
     """
-    if _active():
+    if active():
         if tensor.is_floating_point():
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             tensor.div_(dist.get_world_size())
@@ -223,21 +200,16 @@ def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (same shape on every rank), e.g. the
     per-rank replay buffers for a checkpoint. A collective; in a single process the tensor itself
     (no copy of a possibly large buffer: callers only read it)."""
-    if not _active():
+    if not active():
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)
 
 
-def is_main() -> bool:
-    """True on rank 0 (and in a single process): the rank that logs and writes files."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
 def barrier() -> None:
     """Wait for every rank (a no-op in a single process), e.g. after rank 0 wrote a checkpoint."""
-    if _active():
+    if active():
         dist.barrier()
 
 

@@ -1,15 +1,20 @@
 """The built-in JEM trainer (``jemeval train``): Algorithm 1 of Grathwohl et al. (2020), made practical.
 
     from jemeval.training import train
-    summary = train("digits")                          # per-dataset defaults
-    summary = train("digits", px_weight=0, out="runs/baseline")   # the plain classifier
-    summary = train(TrainConfig(...))                  # everything explicit
+    result = train("digits")                                     # per-dataset defaults
+    result = train("digits", px_weight=0, out="runs/baseline")   # the plain classifier
+    result = train(TrainConfig(...))                             # everything explicit
+    result.records[0]["best"], result.records[0]["test_acc"]     # best.pt and its test accuracy
 
-Modules, one job each: config (settings and defaults), splits (validation split, labelled subset),
-augment (tensor-level augmentation), objectives (loss terms), step (one iteration), schedule (lr),
-divergence (detection and the recovery ladder), state (RNG state), metrics (metrics.csv),
-visuals (sample grids), evaluate (accuracy), rundir (the run folder: lock, no silent replacement,
-cleanup), trainer (the loop, checkpoints, resume, signals).
+Modules, one job each: trainer (the loop, top to bottom), config (settings and defaults), session
+(process group, run folder, resume checkpoint), parts (data, model, optimizer, buffer, wired),
+feed (the images of each iteration), step (one iteration), objectives (loss terms), schedule (lr),
+augment (tensor-level augmentation), splits (validation split, labelled subset), progress (where
+the run stands), checkpointing (last.pt / best.pt), divergence (detection, the recovery ladder),
+recovery (rollbacks), stopping (signals, stop requests), state (RNG state), reporting (metrics.csv,
+progress bar, stderr), metrics_log (the CSV), visuals (sample grids), summary (the result), rundir
+(the run folder: lock, no silent replacement, cleanup), ddp (what changes under DDP), launch
+(``--nproc``: relaunch through torchrun).
 """
 from __future__ import annotations
 
@@ -24,21 +29,27 @@ from jemeval.training.config import (
     resume_config,
     resume_from,
 )
+from jemeval.training.summary import TrainResult
+from jemeval.training.trainer import Trainer
 
-__all__ = ["DATASET_DEFAULTS", "TrainConfig", "Trainer", "dataset_defaults", "resolve_config", "resume_config", "train"]
+__all__ = ["DATASET_DEFAULTS", "TrainConfig", "TrainResult", "Trainer", "dataset_defaults", "resolve_config",
+           "resume_config", "train"]
 
 
-def train(config: TrainConfig | str | None = None, *, on_step: Callable | None = None, **overrides: Any) -> dict:
-    """Train a JEM (or the plain classifier with ``px_weight=0``); returns the run summary.
+def train(config: TrainConfig | str | None = None, *, on_step: Callable[[Trainer], None] | None = None,
+          **overrides: Any) -> TrainResult:
+    """Train a JEM (or the plain classifier with ``px_weight=0``); returns a :class:`TrainResult`.
 
-    ``config`` is a :class:`TrainConfig`, or a dataset spec whose defaults ``overrides`` adjust.
+    ``config`` is a :class:`TrainConfig`, or a dataset spec whose defaults ``overrides`` adjust
+    (``data_root``, ``device``, ``out``, ``epochs``, ... as :class:`TrainConfig` names them).
     A folder ``out`` that holds a run is refused unless ``resume=True`` (continue it) or
     ``overwrite=True`` (replace it); one process at a time trains in a folder (see :mod:`.rundir`).
-    The summary holds the paths (best.pt, last.pt, metrics.csv), best/final accuracies, the test
-    accuracy of best.pt, the number of divergence recoveries, timings, the config and provenance.
+    The result's one record holds the paths (best.pt, last.pt, metrics.csv), best/final accuracies,
+    the test accuracy of best.pt, the number of divergence recoveries and timings; its provenance
+    and ``extra["config"]`` the full record of the run. ``on_step(trainer)`` is called after every
+    iteration (``trainer.step`` iterations done) and may call ``trainer.request_stop()``, which ends
+    the run as Ctrl-C does: last.pt saved, status "interrupted", ``resume=True`` continues it.
     """
-    from jemeval.training.trainer import Trainer
-
     if config is None or isinstance(config, str):
         dataset = config or overrides.pop("dataset", "digits")
         # resuming: the stored run supplies every setting not given here
@@ -46,11 +57,3 @@ def train(config: TrainConfig | str | None = None, *, on_step: Callable | None =
     elif overrides:
         config = config.replace(**overrides)
     return Trainer(config, on_step=on_step).run()
-
-
-def __getattr__(name):
-    if name == "Trainer":
-        from jemeval.training.trainer import Trainer
-
-        return Trainer
-    raise AttributeError(f"module 'jemeval.training' has no attribute {name!r}")

@@ -61,13 +61,14 @@ def parse_augment(text: str) -> Augment:
         if key == "flip" and not eq:
             value, eq = "1", "="
         if key not in ("pad", "flip") or not eq:
-            raise UsageError(f"bad --augment {text!r}: write 'auto', 'none' or e.g. 'pad=4,flip=1'")
+            raise UsageError(f"bad augment {text!r}: write 'auto', 'none' or e.g. 'pad=4,flip=1'", param="augment")
         try:
             values[key] = int(value)
         except ValueError:
-            raise UsageError(f"bad --augment {text!r}: {key} takes an integer, e.g. 'pad=4,flip=1'") from None
+            raise UsageError(f"bad augment {text!r}: {key} takes an integer, e.g. 'pad=4,flip=1'",
+                             param="augment") from None
     if values.get("pad", 0) < 0:
-        raise UsageError(f"bad --augment {text!r}: pad must be >= 0")
+        raise UsageError(f"bad augment {text!r}: pad must be >= 0", param="augment")
     return Augment(pad=values.get("pad", 0), flip=bool(values.get("flip", 0)))
 
 
@@ -79,5 +80,6 @@ def augment_for(setting: str, dataset_info: dict | None, input_shape) -> Augment
     else:
         aug = parse_augment(setting)
     if aug.pad and aug.pad >= min(input_shape[-2:]):
-        raise UsageError(f"--augment pad={aug.pad} is too large for {input_shape[-2]}x{input_shape[-1]} images")
+        raise UsageError(f"augment pad={aug.pad} is too large for {input_shape[-2]}x{input_shape[-1]} images",
+                         param="augment")
     return aug

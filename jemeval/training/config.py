@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from jemeval.errors import UsageError, did_you_mean
+from jemeval.formats.native import read_checkpoint
 from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
+from jemeval.training.augment import parse_augment
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
 OPTIMIZERS = ("adam", "sgd")
 
-#: The JEM release's settings (the paper's Algorithm 1 and the release's defaults, docs/training.md): WRN-28-10 without BatchNorm, Adam 1e-4,
-#: batch 64, 20 SGLD steps of size 1 with noise 0.01, sigma 0.03, a 10,000-image buffer with 5%
-#: re-initialisation, 1,000 warm-up iterations, lr x0.3 at epochs 50 and 100 of 150, 5,000
-#: validation images.
+#: The JEM release's settings (the paper's Algorithm 1 and the release's defaults, docs/training.md):
+#: WRN-28-10 without BatchNorm, Adam 1e-4, batch 64, 20 SGLD steps of size 1 with noise 0.01, sigma
+#: 0.03, a 10,000-image buffer with 5% re-initialisation, 1,000 warm-up iterations, lr x0.3 at epochs
+#: 50 and 100 of 150, 5,000 validation images.
 PAPER = {
     "arch": "wrn:depth=28,widen=10,norm=none",
     "epochs": 150,
@@ -72,13 +74,12 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": DIGITS,
 }
 
-#: Options a ``--resume`` may change: they do not alter what the run computes up to its last epoch.
+#: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
-                               "resume", "overwrite", "compile", "test_eval", "grid_every",
-                               "inject_divergence"})
+                               "resume", "overwrite", "compile", "test_eval", "grid_every"})
 
-RESUME_OR_OVERWRITE = ("--resume continues the run in --out and --overwrite replaces it: give one of them, "
-                       "not both")
+RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
+                       "them, not both")
 
 
 @dataclass
@@ -122,7 +123,7 @@ class TrainConfig:
     augment: str = "auto"  # auto (the dataset's own recipe), none, or "pad=4,flip=1"
     labels_per_class: int | None = None
     val_size: int | None = None  # None: 10% of the training images, at most 5000
-    split_seed: int = 1234  # fixed: the validation split and the labelled subset do not move with --seed
+    split_seed: int = 1234  # fixed: the validation split and the labelled subset do not move with seed
     data_root: str | None = None
     download: bool = False
     # optimisation
@@ -153,8 +154,6 @@ class TrainConfig:
     test_eval: bool = True  # evaluate best.pt on the test split at the end
     resume: bool = False  # continue the run in out_dir from its last.pt
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
-    # Python-only test hook: {"step": S, "kind": "nan"|"energy", "times": 1} forces a divergence
-    inject_divergence: dict | None = None
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -170,8 +169,13 @@ class TrainConfig:
         """Whether training draws SGLD samples at all (false for the plain classifier)."""
         return self.px_weight > 0 or self.pxy_weight > 0
 
+    @property
+    def class_blocks(self) -> bool:
+        """Whether samples are drawn class-conditionally, from a buffer kept as class blocks."""
+        return self.pxy_weight > 0 or self.class_cond_px
+
     def sgld(self) -> SGLD | ProximalSGLD:
-        """The sampler training uses: JEM's SGLD, or JEM++'s proximal SGLD (``--sampler proximal``,
+        """The sampler training uses: JEM's SGLD, or JEM++'s proximal SGLD (``sampler="proximal"``,
         ``sgld_steps`` outer steps of size ``sgld_lr`` with noise ``sgld_std``, clamped to [-1, 1])."""
         if self.sampler == "proximal":
             return ProximalSGLD(steps=self.sgld_steps, inner_steps=self.inner_steps, step_size=self.sgld_lr,
@@ -190,6 +194,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """The configuration stored in a checkpoint; keys that are no settings (``sgld``, ``resolved``,
+        or ``inject_divergence`` of 0.1's runs) are ignored."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         if "decay_epochs" in kwargs:
@@ -201,58 +207,72 @@ class TrainConfig:
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
-        """Raise :class:`UsageError` (one line) for the first impossible setting."""
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise UsageError(message)
-
-        need(self.objective in OBJECTIVES, f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; choose jem or factored")
-        need(self.optimizer in OPTIMIZERS, f"unknown optimizer {self.optimizer!r}{did_you_mean(self.optimizer, OPTIMIZERS)}; choose adam or sgd")
-        need(self.sampler in SAMPLERS, f"unknown sampler {self.sampler!r}{did_you_mean(str(self.sampler), SAMPLERS)}; choose sgld or proximal")
-        need(self.inner_steps >= 0, f"--inner-steps must be >= 0, got {self.inner_steps}")
-        need(self.inner_step_size > 0 and math.isfinite(self.inner_step_size),
-             f"--inner-step-size must be > 0, got {self.inner_step_size}")
-        need(self.inner_grad_clip > 0 and math.isfinite(self.inner_grad_clip),
-             f"--inner-grad-clip must be > 0, got {self.inner_grad_clip}")
-        need(self.sgld_bn_mode in BN_MODES, f"SGLD BatchNorm mode must be eval or train, got {self.sgld_bn_mode!r}")
-        need(self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}")
-        need(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
-        for name in ("px_weight", "pyx_weight", "pxy_weight", "energy_l2", "sigma", "eval_sigma", "sgld_std", "weight_decay"):
-            value = getattr(self, name)
-            need(math.isfinite(value) and value >= 0, f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
-        need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be > 0, got {self.lr}")
-        need(self.sgld_lr > 0 and math.isfinite(self.sgld_lr), f"--sgld-lr must be a finite number > 0, got {self.sgld_lr}")
-        need(self.sgld_steps >= 1 or not self.samples, f"--sgld-steps must be >= 1 when p(x) is trained, got {self.sgld_steps}")
-        need(self.buffer_size >= 1, f"--buffer-size must be >= 1, got {self.buffer_size}")
-        need(0.0 <= self.reinit_freq <= 1.0, f"--reinit-freq must lie in [0, 1], got {self.reinit_freq}")
-        need(0.0 < self.decay_rate <= 1.0, f"--decay-rate must lie in (0, 1], got {self.decay_rate}")
-        need(self.warmup_iters >= 0, f"--warmup-iters must be >= 0, got {self.warmup_iters}")
-        need(all(e >= 1 for e in self.decay_epochs), f"--decay-epochs must be positive epoch numbers, got {list(self.decay_epochs)}")
-        need(0.0 <= self.momentum < 1.0, f"--momentum must lie in [0, 1), got {self.momentum}")
-        need(self.val_size is None or self.val_size >= 0, f"--val-size must be >= 0, got {self.val_size}")
-        need(self.labels_per_class is None or self.labels_per_class >= 1,
-             f"--labels-per-class must be >= 1, got {self.labels_per_class}")
-        need(self.max_recoveries >= 0, f"--max-recoveries must be >= 0, got {self.max_recoveries}")
-        need(self.check_every >= 1, f"check_every must be >= 1, got {self.check_every}")
-        need(self.grid_every >= 0, f"grid_every must be >= 0, got {self.grid_every}")
-        need(not (self.resume and self.overwrite), RESUME_OR_OVERWRITE)
-        need(self.pyx_weight > 0 or self.samples, "every loss weight is 0: set --pyx-weight, --px-weight or --pxy-weight above 0")
-        if self.objective == "factored":
-            need(self.pyx_weight == 0 and self.px_weight == 0,
-                 "--objective factored trains only the class-conditional contrast (weight --pxy-weight): "
-                 "leave --pyx-weight and --px-weight at 0")
-            need(self.pxy_weight > 0, "--objective factored needs --pxy-weight > 0")
-            need(self.labels_per_class is None, "--objective factored needs every label: drop --labels-per-class")
-        if self.short_run:
-            need(self.samples, "--short-run needs sampling: set --px-weight or --pxy-weight above 0")
-        if self.class_cond_px:
-            need(self.px_weight > 0, "class-conditional p(x) negatives need --px-weight > 0")
+        """Raise :class:`UsageError` (one line, naming the parameter) for the first impossible setting."""
+        self._check_choices()
+        self._check_numbers()
+        self._check_combinations()
         aug = self.augment if isinstance(self.augment, str) else ""
         if aug not in ("auto", "none"):
-            from jemeval.training.augment import parse_augment
-
             parse_augment(aug)  # raises UsageError when malformed
         return self
+
+    def _check_choices(self) -> None:
+        for param, choices in (("objective", OBJECTIVES), ("optimizer", OPTIMIZERS), ("sampler", SAMPLERS)):
+            value = getattr(self, param)
+            _need(value in choices, param, f"unknown {param} {value!r}{did_you_mean(str(value), choices)}; choose "
+                  f"{' or '.join(choices)}")
+        _need(self.sgld_bn_mode in BN_MODES, "sgld_bn_mode",
+              f"sgld_bn_mode (SGLD's BatchNorm mode) must be eval or train, got {self.sgld_bn_mode!r}")
+
+    def _check_numbers(self) -> None:
+        for param in ("px_weight", "pyx_weight", "pxy_weight", "energy_l2", "sigma", "eval_sigma", "sgld_std",
+                      "weight_decay"):
+            value = getattr(self, param)
+            _need(math.isfinite(value) and value >= 0, param, f"{param} must be a number >= 0, got {value}")
+        for param, ok, rule in (
+            ("epochs", self.epochs >= 1, "be >= 1"), ("batch_size", self.batch_size >= 1, "be >= 1"),
+            ("lr", self.lr > 0 and math.isfinite(self.lr), "be > 0"),
+            ("sgld_lr", self.sgld_lr > 0 and math.isfinite(self.sgld_lr), "be a finite number > 0"),
+            ("sgld_steps", self.sgld_steps >= 1 or not self.samples, "be >= 1 when p(x) is trained"),
+            ("inner_steps", self.inner_steps >= 0, "be >= 0"),
+            ("inner_step_size", self.inner_step_size > 0 and math.isfinite(self.inner_step_size), "be > 0"),
+            ("inner_grad_clip", self.inner_grad_clip > 0 and math.isfinite(self.inner_grad_clip), "be > 0"),
+            ("buffer_size", self.buffer_size >= 1, "be >= 1"),
+            ("reinit_freq", 0.0 <= self.reinit_freq <= 1.0, "lie in [0, 1]"),
+            ("decay_rate", 0.0 < self.decay_rate <= 1.0, "lie in (0, 1]"),
+            ("warmup_iters", self.warmup_iters >= 0, "be >= 0"),
+            ("decay_epochs", all(e >= 1 for e in self.decay_epochs), "be positive epoch numbers"),
+            ("momentum", 0.0 <= self.momentum < 1.0, "lie in [0, 1)"),
+            ("val_size", self.val_size is None or self.val_size >= 0, "be >= 0"),
+            ("labels_per_class", self.labels_per_class is None or self.labels_per_class >= 1, "be >= 1"),
+            ("max_recoveries", self.max_recoveries >= 0, "be >= 0"),
+            ("check_every", self.check_every >= 1, "be >= 1"),
+            ("grid_every", self.grid_every >= 0, "be >= 0"),
+        ):
+            value = getattr(self, param)
+            _need(ok, param, f"{param} must {rule}, got {list(value) if param == 'decay_epochs' else value}")
+
+    def _check_combinations(self) -> None:
+        _need(not (self.resume and self.overwrite), "overwrite", RESUME_OR_OVERWRITE)
+        _need(self.pyx_weight > 0 or self.samples, "pyx_weight",
+              "every loss weight is 0: set pyx_weight, px_weight or pxy_weight above 0")
+        if self.objective == "factored":
+            _need(self.pyx_weight == 0 and self.px_weight == 0, "pyx_weight",
+                  "the factored objective trains only the class-conditional contrast (weight pxy_weight): "
+                  "leave pyx_weight and px_weight at 0")
+            _need(self.pxy_weight > 0, "pxy_weight", "the factored objective needs pxy_weight > 0")
+            _need(self.labels_per_class is None, "labels_per_class",
+                  "the factored objective needs every label: drop labels_per_class")
+        if self.short_run:
+            _need(self.samples, "short_run", "short_run=True needs sampling: set px_weight or pxy_weight above 0")
+        if self.class_cond_px:
+            _need(self.px_weight > 0, "class_cond_px",
+                  "class-conditional p(x) negatives (class_cond_px=True) need px_weight > 0")
+
+
+def _need(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise UsageError(message, param=param)
 
 
 def dataset_defaults(dataset: str) -> dict[str, Any]:
@@ -295,7 +315,7 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     config = TrainConfig.from_dict(stored)
     given = {k: v for k, v in overrides.items() if v is not None}
     if given.get("overwrite"):
-        raise UsageError(RESUME_OR_OVERWRITE)
+        raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
     changed = []
     for key, value in given.items():
         if key in RESUMABLE_CHANGES:
@@ -307,8 +327,8 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
             changed.append(f"{key}={value!r} (run has {current!r})")
     if changed:
         raise UsageError(
-            f"--resume continues the stored run; these settings differ from it: {', '.join(changed)}; "
-            "drop them or start a new run with another --out"
+            f"resume=True continues the stored run; these settings differ from it: {', '.join(changed)}; "
+            "drop them or start a new run with another out", param="out"
         )
     changes = {k: v for k, v in given.items() if k in RESUMABLE_CHANGES and hasattr(config, k)}
     changes.update(resume=True, overwrite=False)  # a run started with overwrite=True resumes without it
@@ -319,19 +339,19 @@ def resume_path(out: str | os.PathLike) -> Path:
     """``out/last.pt``, which a resume continues (a one-line error when there is none)."""
     path = Path(out) / "last.pt"
     if not path.exists():
-        raise UsageError(f"--resume: no {str(path)!r} to continue; run without --resume or pass the run's --out")
+        raise UsageError(f"resume=True: no {str(path)!r} to continue; run without resume=True or pass the run's out",
+                         param="out")
     return path
 
 
 def load_resume_checkpoint(out: str) -> dict[str, Any]:
     """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
-    from jemeval.formats.native import read_checkpoint
-
     path = resume_path(out)
     ckpt = read_checkpoint(path)
-    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict) and isinstance(ckpt.get("config"), dict)):
-        raise UsageError(f"--resume: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
-                         "written by jemeval train can be resumed)")
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict)
+            and isinstance(ckpt.get("config"), dict)):
+        raise UsageError(f"resume=True: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
+                         "written by jemeval train can be resumed)", param="resume")
     return ckpt
 
 
@@ -342,9 +362,10 @@ def resume_from(dataset: str, **given: Any) -> TrainConfig:
     and an explicit setting that differs from it is an error (see :func:`resume_config`).
     """
     if given.get("overwrite"):
-        raise UsageError(RESUME_OR_OVERWRITE)
+        raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
     out = given.get("out") or f"runs/{parse_spec(dataset).name}"
     stored = load_resume_checkpoint(out)["config"]
     if stored.get("dataset") not in (None, dataset):
-        raise UsageError(f"--resume: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}")
+        raise UsageError(f"resume=True: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}",
+                         param="resume")
     return resume_config(stored, **{**given, "out": str(out)})

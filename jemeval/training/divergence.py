@@ -22,7 +22,8 @@ import torch
 
 
 class Divergence(Exception):
-    """Raised inside the epoch loop when the monitor sees a divergence (caught by the trainer)."""
+    """Raised inside the epoch loop when the monitor sees a divergence (caught by the trainer, which
+    rolls back: :mod:`.recovery`)."""
 
     def __init__(self, reason: str, step: int) -> None:
         super().__init__(reason)
@@ -41,7 +42,8 @@ class DivergenceMonitor:
 
     def record(self, step: int, stats: dict[str, torch.Tensor]) -> None:
         """Keep one iteration's statistics (device tensors; no synchronisation)."""
-        row = torch.stack([stats["loss"].float(), stats["abs_energy"].float(), stats["e_sample"].float() - stats["e_data"].float()])
+        gap = stats["e_sample"].float() - stats["e_data"].float()
+        row = torch.stack([stats["loss"].float(), stats["abs_energy"].float(), gap])
         self._pending.append((step, row))
 
     def reset(self) -> None:
@@ -69,8 +71,8 @@ class DivergenceMonitor:
             if abs(gap) > self.energy_gap_band:
                 self._outside += 1
                 if self._outside > self.gap_patience:
-                    raise Divergence(f"energy gap E(samples) - E(data) = {gap:.3g} outside +-{self.energy_gap_band:.3g} "
-                                     f"for {self._outside} iterations", step)
+                    raise Divergence(f"energy gap E(samples) - E(data) = {gap:.3g} outside "
+                                     f"+-{self.energy_gap_band:.3g} for {self._outside} iterations", step)
             else:
                 self._outside = 0
 
@@ -85,7 +87,8 @@ class Adjustments:
     seed: int | None = None  # None: the configured seed
 
     def as_dict(self) -> dict:
-        return {"lr_scale": self.lr_scale, "sgld_steps": self.sgld_steps, "energy_l2": self.energy_l2, "seed": self.seed}
+        return {"lr_scale": self.lr_scale, "sgld_steps": self.sgld_steps, "energy_l2": self.energy_l2,
+                "seed": self.seed}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Adjustments:

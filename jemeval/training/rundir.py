@@ -1,4 +1,4 @@
-"""The run folder (``--out``): one training process at a time, no silent replacement, no debris.
+"""The run folder (``out``): one training process at a time, no silent replacement, no debris.
 
 * :class:`RunLock`: ``DIR/.jemeval-train.lock``, created atomically (``O_CREAT | O_EXCL``) with the
   pid and host of the process training there, removed when it exits (also on an exception, Ctrl-C
@@ -9,15 +9,15 @@
   ``overwrite``, remove the old run's files for ``overwrite``, and remove the temporary files that
   a kill during an atomic write left behind.
 * :func:`check_run_folder`: the same checks without touching anything, for a launcher
-  (``jemeval train --nproc N``) to fail before it starts any process.
+  (``jemeval train --nproc N``, :mod:`.launch`) to fail before it starts any process.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -27,6 +27,8 @@ from typing import Any
 from jemeval.atomic import stale_temp_files
 from jemeval.errors import UsageError
 from jemeval.training.config import resume_path
+from jemeval.training.reporting import note
+from jemeval.training.visuals import GRID_NAMES
 
 RUN_FILES = ("last.pt", "best.pt", "metrics.csv")
 LOCK_NAME = ".jemeval-train.lock"
@@ -44,7 +46,7 @@ def check_run_folder(config: Any) -> None:
     if out.is_dir():
         holder = RunLock(out).holder()
         if holder is not None and _alive(holder):
-            raise UsageError(_busy(out, holder))
+            raise UsageError(_busy(out, holder), param="out")
         _check_existing(out, config)
 
 
@@ -55,11 +57,11 @@ def _check_location(out: Path, config: Any) -> None:
         resume_path(out)
     parents = config.out is None
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file, not a run folder; choose a folder")
+        raise UsageError(f"out {str(out)!r} is a file, not a run folder; choose a folder", param="out")
     parent = out.absolute().parent
     if not out.exists() and not parents and not parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: its parent folder {str(parent)!r} does not exist; create it first "
-                         "(jemeval train creates only the run folder itself)")
+        raise UsageError(f"out {str(out)!r}: its parent folder {str(parent)!r} does not exist; create it first "
+                         "(jemeval train creates only the run folder itself)", param="out")
 
 
 def existing_run(out: Path) -> list[str]:
@@ -71,8 +73,8 @@ def _check_existing(out: Path, config: Any) -> None:
     """A new run (neither ``resume`` nor ``overwrite``) must not start over an existing one."""
     found = existing_run(out)
     if found and not config.resume and not config.overwrite:
-        raise UsageError(f"--out {str(out)!r} already holds a training run ({', '.join(found)}): continue it with "
-                         "--resume, replace it with --overwrite, or choose another --out")
+        raise UsageError(f"out {str(out)!r} already holds a training run ({', '.join(found)}): continue it with "
+                         "resume=True, replace it with overwrite=True, or choose another out", param="out")
 
 
 # -- claiming the folder ------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def claim(config: Any) -> RunLock:
     try:
         out.mkdir(parents=config.out is None, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the run folder {str(out)!r}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot create the run folder {str(out)!r}: {exc.strerror or exc}", param="out") from None
     lock = RunLock(out, created=created).acquire()
     try:
         _check_existing(out, config)
@@ -102,10 +104,6 @@ def claim(config: Any) -> RunLock:
 
 def _remove_run(out: Path) -> None:
     """``overwrite``: delete the previous run's checkpoints, metrics and sample grids (nothing else)."""
-    import re
-
-    from jemeval.training.visuals import GRID_NAMES
-
     removed = [out / name for name in RUN_FILES if (out / name).exists()]
     samples = out / "samples"
     if samples.is_dir():
@@ -115,22 +113,16 @@ def _remove_run(out: Path) -> None:
     if samples.is_dir() and not any(samples.iterdir()):
         samples.rmdir()
     if removed:
-        _note(f"overwrite: removed the previous run in {str(out)!r} ({len(removed)} files)")
+        note(f"overwrite: removed the previous run in {str(out)!r} ({len(removed)} files)")
 
 
 def _remove_stale_temps(out: Path) -> None:
     """Temporary files of atomic writes that a kill interrupted (only jemeval's own names)."""
-    from jemeval.training.visuals import GRID_NAMES
-
     stale = stale_temp_files(out, _RUN_FILE_NAMES) + stale_temp_files(out / "samples", GRID_NAMES)
     for path in stale:
         path.unlink(missing_ok=True)
     if stale:
-        _note(f"removed {len(stale)} temporary file(s) left by an interrupted write in {str(out)!r}")
-
-
-def _note(text: str) -> None:
-    print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+        note(f"removed {len(stale)} temporary file(s) left by an interrupted write in {str(out)!r}")
 
 
 # -- the lock -----------------------------------------------------------------------------------
@@ -155,7 +147,7 @@ class RunLock:
                 time.sleep(0.05)
                 continue
             if _alive(holder):
-                raise UsageError(_busy(self.path.parent, holder))
+                raise UsageError(_busy(self.path.parent, holder), param="out")
             self._break(holder)
         raise UsageError(f"could not lock {str(self.path.parent)!r}: {str(self.path)!r} keeps changing; "
                          "is another jemeval train starting there?")
@@ -216,7 +208,7 @@ class RunLock:
         try:
             if self.holder() == stale:
                 self.path.unlink(missing_ok=True)
-                _note(f"took over the lock of {str(self.path.parent)!r} left by process {stale['pid']}, "
+                note(f"took over the lock of {str(self.path.parent)!r} left by process {stale['pid']}, "
                       "which is no longer running")
         finally:
             os.close(fd)
@@ -244,8 +236,8 @@ def _exit_on_signal(signum, frame) -> None:
 
 def _busy(out: Path, holder: dict) -> str:
     where = "" if holder.get("host") == socket.gethostname() else f" on host {holder.get('host')!r}"
-    return (f"--out {str(out)!r} is in use by another jemeval train (process {holder['pid']}{where}); wait for it "
-            f"to finish or choose another --out (if no such process runs, delete {str(out / LOCK_NAME)!r})")
+    return (f"out {str(out)!r} is in use by another jemeval train (process {holder['pid']}{where}); wait for it "
+            f"to finish or choose another out (if no such process runs, delete {str(out / LOCK_NAME)!r})")
 
 
 def _alive(holder: dict) -> bool:

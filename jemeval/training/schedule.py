@@ -17,3 +17,9 @@ def learning_rate(base_lr: float, step: int, epoch: int, *, warmup_iters: int = 
     if step < warmup_iters:
         lr *= (step + 1) / float(warmup_iters)
     return lr
+
+
+def run_rate(config, step: int, epoch: int, scale: float = 1.0) -> float:
+    """:func:`learning_rate` with a :class:`~.config.TrainConfig`'s settings (``scale``: recovery's)."""
+    return learning_rate(config.lr, step, epoch, warmup_iters=config.warmup_iters, decay_epochs=config.decay_epochs,
+                         decay_rate=config.decay_rate, scale=scale)

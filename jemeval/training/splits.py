@@ -1,6 +1,6 @@
 """The training data: a fixed validation split and the labelled subset for semi-supervised runs.
 
-Both are drawn with ``split_seed`` (default 1234), not the run's ``--seed``, so runs with different
+Both are drawn with ``split_seed`` (default 1234), not the run's ``seed``, so runs with different
 seeds are compared on the same validation images and the same labelled examples, as in the JEM
 release (its validation split of 5,000 images also used a fixed seed). The whole training set is
 held as one tensor on the training device (when it fits), so batches are index slices: no
@@ -47,7 +47,8 @@ def default_val_size(n: int) -> int:
 def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) index arrays, both sorted; a seeded permutation decides."""
     if val_size >= n:
-        raise UsageError(f"--val-size {val_size} leaves no training images (the training split has {n}); use a smaller --val-size")
+        raise UsageError(f"val_size {val_size} leaves no training images (the training split has {n}); use a "
+                         "smaller val_size", param="val_size")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[val_size:]), np.sort(perm[:val_size])
 
@@ -61,7 +62,8 @@ def labelled_subset(labels: np.ndarray, per_class: int, num_classes: int, seed: 
         if len(idx) == 0:
             continue
         if len(idx) < per_class:
-            raise UsageError(f"--labels-per-class {per_class} is more than the {len(idx)} training images of class {c}")
+            raise UsageError(f"labels_per_class {per_class} is more than the {len(idx)} training images of "
+                             f"class {c}", param="labels_per_class")
         chosen.append(rng.choice(idx, size=per_class, replace=False))
     return np.sort(np.concatenate(chosen))
 
@@ -80,9 +82,11 @@ def prepare_data(config, device: torch.device) -> TrainingData:
     labels = y.numpy()[tr]
     labelled = None
     if config.labels_per_class is not None:
-        labelled = torch.from_numpy(labelled_subset(labels, config.labels_per_class, num_classes, config.split_seed + 1))
+        subset = labelled_subset(labels, config.labels_per_class, num_classes, config.split_seed + 1)
+        labelled = torch.from_numpy(subset)
     elif (labels < 0).any():
-        raise UsageError(f"dataset {config.dataset!r} has unlabelled training images; pass --labels-per-class K")
+        raise UsageError(f"dataset {config.dataset!r} has unlabelled training images; set labels_per_class to "
+                         "the number of labels to keep per class", param="labels_per_class")
     data_device = device if x.numel() * 4 <= MAX_DEVICE_BYTES else torch.device("cpu")
     tr_t, va_t = torch.from_numpy(tr), torch.from_numpy(va)
     info = dict(getattr(ds, "info", {}) or {})

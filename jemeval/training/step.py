@@ -6,11 +6,12 @@ training runs. Nothing here synchronises with the host: the returned statistics 
 Speed notes
 * Data and negatives go through the network in ONE forward pass (concatenated) when the math
   allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them).
-* SGLD is the shared :class:`jemeval.sampling.sgld.SGLD` (or JEM++'s ProximalSGLD): parameters frozen while sampling, so no
-  parameter graph is built and no parameter gradient is computed.
+* SGLD is the shared :class:`jemeval.sampling.sgld.SGLD` (or JEM++'s ProximalSGLD): parameters frozen
+  while sampling, so no parameter graph is built and no parameter gradient is computed.
 * The replay buffer, the data and every random draw live on the training device.
-* bf16 autocast, channels_last and torch.compile through the shared :class:`jemeval.runtime.fastpath.FastPath`
-  (on for CUDA; only channels_last on CPU by default); SGLD arithmetic, the buffer and the losses stay fp32.
+* bf16 autocast, channels_last and torch.compile through the shared
+  :class:`jemeval.runtime.fastpath.FastPath` (on for CUDA; only channels_last on CPU by default);
+  SGLD arithmetic, the buffer and the losses stay fp32.
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ class TrainStep:
         if self.augment.active:
             x = self.augment(x, self.generator)
         if self.options.sigma > 0:
-            x = x + self.options.sigma * torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+            noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+            x = x + self.options.sigma * noise
         return x
 
     # -- negatives ------------------------------------------------------------------------------
@@ -86,10 +88,10 @@ class TrainStep:
         return x
 
     # -- the iteration --------------------------------------------------------------------------
-    def __call__(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_data: torch.Tensor | None = None,
-                 inject: str | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, x_lab: torch.Tensor, y_lab: torch.Tensor,
+                 x_data: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """One update. ``x_data`` is the p(x) batch when it differs from the labelled one
-        (semi-supervised); ``inject`` ("nan" or "energy") forces a divergence (tests only)."""
+        (semi-supervised)."""
         w = self.weights
         x_lab = self.prepare(x_lab)
         x_px = self.prepare(x_data) if (x_data is not None and w.px > 0) else None
@@ -101,25 +103,18 @@ class TrainStep:
             x_q = self.negatives(n, y_q)
         if w.pxy > 0:
             x_qy = self.negatives(n, y_lab)
-        if inject == "energy":
-            if x_q is not None:
-                x_q = x_q * 1e6
-            elif x_qy is not None:
-                x_qy = x_qy * 1e6
-            else:
-                x_lab = x_lab * 1e6
-        parts = [("lab", x_lab)] + [(k, v) for k, v in (("data", x_px), ("sample", x_q), ("sample_y", x_qy)) if v is not None]
+        extra = (("data", x_px), ("sample", x_q), ("sample_y", x_qy))
+        parts = [("lab", x_lab)] + [(k, v) for k, v in extra if v is not None]
         self.model.train()
         # one forward over data and samples unless BatchNorm statistics must not mix them
         logits = joint_logits(self.forward_model, *[v for _, v in parts], fastpath=self.fastpath,
                               shared=not self.batchnorm)
         outs = dict(zip([k for k, _ in parts], logits))
         out = Logits(lab=outs["lab"], y_lab=y_lab, data=outs.get("data", outs["lab"] if w.px > 0 else None),
-                     sample=outs.get("sample"), sample_y=outs.get("sample_y"), y_sample=y_lab if x_qy is not None else None)
+                     sample=outs.get("sample"), sample_y=outs.get("sample_y"),
+                     y_sample=y_lab if x_qy is not None else None)
         terms = jem_loss(out, w)
         loss = terms["loss"]
-        if inject == "nan":
-            loss = loss * float("nan")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

@@ -8,26 +8,23 @@ process at a time trains in a DIR (a lock file, see jemeval.training.rundir).
 
 Several processes (DistributedDataParallel): ``torchrun --nproc-per-node N -m jemeval train ...``,
 or ``jemeval train --nproc N ...``, which re-launches itself through ``torch.distributed.run`` with N
-processes on this machine (``--batch-size`` stays the global batch; see docs/training.md).
+processes on this machine (:mod:`jemeval.training.launch`; ``--batch-size`` stays the global batch).
+
+The training code names its parameters in errors (``lr must be > 0``, ``resume=True``,
+``nproc=4``); :func:`flag_text` writes them as this command's flags.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import re
 import sys
 
 import click
+from click.core import ParameterSource
 
 from jemeval.cli.options import data_options, parse_ints
-
-
-def _explicit(ctx: click.Context, params: dict) -> dict:
-    """Only the options the user typed (so dataset defaults and --resume's stored config win)."""
-    from click.core import ParameterSource
-
-    return {k: v for k, v in params.items()
-            if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)}
+from jemeval.errors import JemevalError, UsageError
 
 
 @click.command("train")
@@ -41,39 +38,54 @@ def _explicit(ctx: click.Context, params: dict) -> dict:
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed (recorded).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--objective", type=click.Choice(["jem", "factored"]), default="jem", show_default=True,
-              help="jem: Algorithm 1; factored: the p(x|y) ablation (class-conditional contrast only, no cross-entropy).")
-@click.option("--px-weight", type=float, help="Weight of the p(x) contrast; 0 = the plain classifier baseline [default: 1].")
+              help="jem: Algorithm 1; factored: the p(x|y) ablation (class-conditional contrast only, no "
+              "cross-entropy).")
+@click.option("--px-weight", type=float,
+              help="Weight of the p(x) contrast; 0 = the plain classifier baseline [default: 1].")
 @click.option("--pyx-weight", type=float, help="Weight of the cross-entropy p(y|x) term [default: 1].")
-@click.option("--pxy-weight", type=float, help="Weight of the p(x, y) contrast with class-conditional samples [default: 0].")
-@click.option("--class-cond-px", is_flag=True, default=None, help="Draw the p(x) negatives class-conditionally (y uniform).")
-@click.option("--energy-l2", type=float, help="L2 penalty on data and sample energies (the authors' remedy, ~0.1) [default: 0].")
+@click.option("--pxy-weight", type=float,
+              help="Weight of the p(x, y) contrast with class-conditional samples [default: 0].")
+@click.option("--class-cond-px", is_flag=True, default=None,
+              help="Draw the p(x) negatives class-conditionally (y uniform).")
+@click.option("--energy-l2", type=float,
+              help="L2 penalty on data and sample energies (the authors' remedy, ~0.1) [default: 0].")
 @click.option("--sgld-steps", type=int, help="SGLD steps per iteration [default: 20; digits 10].")
 @click.option("--sgld-lr", type=float, help="SGLD step size alpha [default: 1.0].")
 @click.option("--sgld-std", type=float, help="SGLD noise std [default: 0.01].")
 @click.option("--sampler", type=click.Choice(["sgld", "proximal"]), help="sgld (JEM) or proximal (JEM++'s proximal "
               "SGLD: --sgld-steps outer steps, each followed by --inner-steps first-layer steps) [default: sgld].")
 @click.option("--inner-steps", type=int, help="Proximal sampler: inner steps per outer step [default: 5].")
-@click.option("--inner-step-size", type=float, help="Proximal sampler: inner step size (JEM++'s pyld_lr) [default: 0.2].")
-@click.option("--inner-grad-clip", type=float, help="Proximal sampler: inner gradient clip (JEM++'s eps) [default: 1.0].")
+@click.option("--inner-step-size", type=float,
+              help="Proximal sampler: inner step size (JEM++'s pyld_lr) [default: 0.2].")
+@click.option("--inner-grad-clip", type=float,
+              help="Proximal sampler: inner gradient clip (JEM++'s eps) [default: 1.0].")
 @click.option("--buffer-size", type=int, help="Replay buffer size, over all processes [default: 10000; digits 1000].")
 @click.option("--reinit-freq", type=float, help="Probability of restarting a chain from U(-1, 1) [default: 0.05].")
-@click.option("--short-run", is_flag=True, default=None, help="Non-persistent chains from U(-1, 1) every iteration (no buffer).")
+@click.option("--short-run", is_flag=True, default=None,
+              help="Non-persistent chains from U(-1, 1) every iteration (no buffer).")
 @click.option("--sigma", type=float, help="Gaussian noise std added to training inputs [default: 0.03].")
-@click.option("--augment", help="auto (the dataset's recipe: CIFAR pad 4 + crop + flip, SVHN no flip), none, or 'pad=4,flip=1'.")
+@click.option("--augment",
+              help="auto (the dataset's recipe: CIFAR pad 4 + crop + flip, SVHN no flip), none, or 'pad=4,flip=1'.")
 @click.option("--labels-per-class", type=int, help="Semi-supervised: keep K labels per class (p(x) sees every image).")
-@click.option("--val-size", type=int, help="Validation images held out with a fixed seed [default: cifar/svhn 5000; digits 150; others 10%, at most 5000].")
+@click.option("--val-size", type=int,
+              help="Validation images held out with a fixed seed [default: cifar/svhn 5000; digits 150; others 10%, "
+              "at most 5000].")
 @click.option("--batch-size", type=int, help="Global batch size (split evenly over --nproc processes) [default: 64].")
 @click.option("--lr", type=float, help="Learning rate [default: 1e-4; digits 3e-3].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), help="Optimizer [default: adam].")
 @click.option("--momentum", type=float, help="SGD momentum [default: 0.9].")
 @click.option("--weight-decay", type=float, help="Weight decay [default: 0].")
 @click.option("--warmup-iters", type=int, help="Linear learning-rate warm-up iterations [default: 1000; digits 20].")
-@click.option("--decay-epochs", help="Epochs after which the lr is multiplied by --decay-rate, e.g. 50,100 [default: cifar/svhn 50,100; digits 15; others 160,180].")
+@click.option("--decay-epochs",
+              help="Epochs after which the lr is multiplied by --decay-rate, e.g. 50,100 [default: cifar/svhn 50,100; "
+              "digits 15; others 160,180].")
 @click.option("--decay-rate", type=float, help="Learning-rate decay factor [default: 0.3].")
 @click.option("--max-recoveries", type=int, help="Automatic divergence recoveries before giving up [default: 5].")
 @click.option("--bf16/--no-bf16", default=None, help="bf16 autocast [default: on for CUDA, off on CPU].")
-@click.option("--channels-last/--no-channels-last", default=None, help="channels_last memory format [default: on; faster conv passes on CPU and GPU].")
-@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the network [default: on for CUDA, off on CPU].")
+@click.option("--channels-last/--no-channels-last", default=None,
+              help="channels_last memory format [default: on; faster conv passes on CPU and GPU].")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="torch.compile the network [default: on for CUDA, off on CPU].")
 @click.option("--resume", is_flag=True, default=None, help="Continue the run in --out from its last.pt, exactly.")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace the run in --out: delete its last.pt, best.pt, "
               "metrics.csv and sample grids, then start a new run.")
@@ -95,91 +107,65 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
       jemeval train digits --px-weight 0 --out runs/digits-baseline
       jemeval train cifar10 --download              # the paper's settings (WRN-28-10, GPU)
       jemeval train digits --arch igebm --objective factored
-      jemeval train digits --nproc 2                # DDP, 2 processes (or: torchrun --nproc-per-node 2 -m jemeval train digits)
+      jemeval train digits --nproc 2                # DDP, 2 processes
+      torchrun --nproc-per-node 2 -m jemeval train digits   # the same, launched by torchrun
     """
+    # the training stack (torch) is imported when the command runs, not when the CLI starts
     from jemeval.training import resolve_config, resume_from, train
+    from jemeval.training.launch import check_launch, launched_by_torchrun, relaunch
 
-    given = _explicit(ctx, params)
+    try:
+        given = _given(ctx, params, compile_=compile_, decay_epochs=decay_epochs, no_progress=no_progress)
+        config = resume_from(dataset, **given) if given.get("resume") else resolve_config(dataset, **given)
+        if nproc is not None and not launched_by_torchrun(nproc):
+            check_launch(config, nproc)
+            sys.exit(relaunch(nproc, _without_nproc(sys.argv[1:])))
+        summary = train(config).summary
+    except UsageError as exc:  # the command group prints it as one line
+        raise UsageError(flag_text(str(exc), ctx.command, exc.param)) from None
+    except JemevalError as exc:
+        raise JemevalError(flag_text(str(exc), ctx.command)) from None
+    interrupted = summary["status"] == "interrupted"
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        sys.exit(130 if interrupted else 0)
+    click.echo(json.dumps(_plain(summary), indent=2) if as_json else _summary_text(summary))
+    if interrupted:
+        sys.exit(130)
+
+
+def _given(ctx: click.Context, params: dict, *, compile_, decay_epochs, no_progress) -> dict:
+    """Only the settings the user typed (so dataset defaults and --resume's stored config win)."""
+    given = {k: v for k, v in params.items()
+             if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)}
     if compile_ is not None:
         given["compile"] = compile_
     if decay_epochs is not None:
         given["decay_epochs"] = tuple(parse_ints(decay_epochs, "--decay-epochs")) if decay_epochs.strip() else ()
     if no_progress:
         given["progress"] = False
-    if given.get("resume"):
-        config = resume_from(dataset, **given)
-    else:
-        config = resolve_config(dataset, **given)
-    if nproc is not None and not _launched_by_torchrun(nproc):
-        _check_launch(config, nproc)
-        sys.exit(_relaunch(nproc))
-    summary = train(config)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
-        sys.exit(130 if summary["status"] == "interrupted" else 0)
-    if as_json:
-        click.echo(json.dumps(_plain(summary), indent=2))
-    else:
-        _print_summary(summary)
-    if summary["status"] == "interrupted":
-        sys.exit(130)
+    return given
 
 
-def _launched_by_torchrun(nproc: int) -> bool:
-    """True inside a torchrun worker (then --nproc must agree with its WORLD_SIZE)."""
-    from jemeval.errors import UsageError
-
-    world = os.environ.get("WORLD_SIZE")
-    if world is None:
-        return False
-    if int(world) != nproc:
-        raise UsageError(f"--nproc {nproc} disagrees with the launcher's WORLD_SIZE={world}: drop --nproc under torchrun")
-    return True
-
-
-def _check_launch(config, nproc: int) -> None:
-    """The one-line errors a worker would hit, raised before any process starts."""
-    from pathlib import Path
-
-    from jemeval.cli.options import resolve_device
-    from jemeval.runtime.distributed import DistContext
-    from jemeval.training.config import load_resume_checkpoint
-    from jemeval.training.parallel import (
-        buffer_share,
-        check_global_batch,
-        check_nproc,
-        check_world,
-    )
-    from jemeval.training.rundir import check_run_folder
-
-    check_nproc(nproc, resolve_device(config.device))
-    check_run_folder(config)
-    fake = DistContext(world_size=nproc)
-    check_global_batch(config.batch_size, nproc)
-    if config.samples and not config.short_run:
-        buffer_share(config.buffer_size, fake)
-    if config.resume:
-        state = load_resume_checkpoint(config.out_dir)["training_state"]
-        check_world(state.get("world_size"), fake, Path(config.out_dir) / "last.pt")
+def flag_text(text: str, command: click.Command, param: str | None = None) -> str:
+    """``text`` with the training code's parameter names written as the flags that set them:
+    ``resume=True`` -> ``--resume``, ``nproc=4`` -> ``--nproc 4``, and bare mentions of ``param``
+    (the parameter the error is about) and of multi-word names (``sgld_steps`` -> ``--sgld-steps``).
+    Quoted values and paths are left alone."""
+    for option in command.params:
+        if not isinstance(option, click.Option) or not option.name:
+            continue
+        name, flag = re.escape(option.name), max(option.opts, key=len)
+        if option.is_flag:
+            text = re.sub(rf"(?<![\w.-]){name}=True\b", lambda _, f=flag: f, text)
+        text = re.sub(rf"(?<![\w.-]){name}=('[^']*'|\"[^\"]*\"|[^\s,;)]+)",
+                      lambda m, f=flag: f"{f} {_unquoted(m.group(1))}", text)
+        if option.name == param or "_" in option.name:
+            text = re.sub(rf"(?<![\w./'\"-]){name}(?![\w./'\"=-])", lambda _, f=flag: f, text)
+    return text
 
 
-def _relaunch(nproc: int) -> int:
-    """Run this same command line under ``torch.distributed.run`` with ``nproc`` local processes."""
-    from jemeval.runtime.distributed import available_cpus
-
-    args = _without_nproc(sys.argv[1:])
-    if "train" not in args:
-        from jemeval.errors import UsageError
-
-        raise UsageError("--nproc re-launches the command line and needs it: use "
-                         f"torchrun --nproc-per-node {nproc} -m jemeval train ... instead")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "jemeval", *args]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // nproc)))
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:  # the workers got the signal too: they save last.pt and stop
-        return 130
+def _unquoted(value: str) -> str:
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
 def _without_nproc(args: list[str]) -> list[str]:
@@ -201,7 +187,7 @@ def _plain(obj):
     return plain(obj)
 
 
-def _print_summary(s: dict) -> None:
+def _summary_text(s: dict) -> str:
     def pct(v):
         return "-" if v is None else f"{100 * v:.2f}%"
 
@@ -216,4 +202,4 @@ def _print_summary(s: dict) -> None:
         f"last.pt       {s['last']}",
         f"metrics       {s['metrics']}",
     ]
-    click.echo("\n".join(lines))
+    return "\n".join(lines)

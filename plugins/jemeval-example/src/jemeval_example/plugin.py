@@ -1,33 +1,42 @@
-"""jemeval's tutorial plugin: one component of each kind, registered through the hooks.
+"""jemeval's tutorial plugin: one component of each kind and one command, registered through the hooks.
 
 jemeval finds this module through the entry point in pyproject.toml::
 
     [project.entry-points.jemeval]
     example = "jemeval_example.plugin"
 
-Each hook receives ``register(name, obj, *, help=None)``. Objects are factories or callables;
-jemeval calls them only when the component is used.
+Each ``register_<kind>s`` hook receives ``register(name, obj, *, help=None)``; objects are factories
+or callables that jemeval calls only when the component is used. ``register_commands`` receives the
+click group of the ``jemeval`` command line.
+
+jemeval imports this module to list its commands (``jemeval --help``), so it imports only light
+modules at the top; torch and numpy are imported inside the functions that use them.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
-from torch import nn
+import click
 
 import jemeval
-from jemeval.data import ArrayDataset
 
 
 # -- a model: factory(num_classes, input_shape, **options) -> nn.Module giving logits ----------
 def example_mlp(num_classes, input_shape, *, hidden: int = 64):
     """A two-layer LeakyReLU MLP on flattened images."""
+    import numpy as np
+    from torch import nn
+
     d = int(np.prod(input_shape))
-    return nn.Sequential(nn.Flatten(), nn.Linear(d, int(hidden)), nn.LeakyReLU(0.2), nn.Linear(int(hidden), num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, int(hidden)), nn.LeakyReLU(0.2),
+                         nn.Linear(int(hidden), num_classes))
 
 
 # -- a dataset: factory(split, root, download, **options) -> Dataset of (x in [-1, 1], y) ------
 def example_stripes(split, root, download, *, n: int = 200, size: int = 8):
     """Horizontal (class 0) or vertical (class 1) stripes with noise; 8x8 grayscale."""
+    import torch
+
+    from jemeval.data import ArrayDataset
+
     g = torch.Generator().manual_seed(0 if split == "train" else 1)
     y = torch.arange(int(n)) % 2
     base = (torch.arange(int(size)) % 2).float() * 2 - 1            # -1, 1, -1, 1, ...
@@ -41,6 +50,8 @@ def example_stripes(split, root, download, *, n: int = 200, size: int = 8):
 # -- a score: obj(model, x) -> Tensor[N], higher = more in-distribution ------------------------
 def example_l2(model, x):
     """Minus the L2 norm of the logits (a toy score: confident inputs have large logits)."""
+    import torch
+
     with torch.no_grad():
         return -model.logits(x).norm(dim=1)
 
@@ -49,6 +60,8 @@ def example_l2(model, x):
 @jemeval.ood_metric
 def example_detection_error(id_scores, ood_scores) -> float:
     """Minimal detection error: min over thresholds of 0.5 * (FNR on ID + FPR on OOD)."""
+    import numpy as np
+
     id_scores, ood_scores = np.asarray(id_scores, float), np.asarray(ood_scores, float)
     thresholds = np.concatenate([id_scores, ood_scores, [np.inf]])
     fnr = (id_scores[None, :] < thresholds[:, None]).mean(1)
@@ -59,6 +72,7 @@ def example_detection_error(id_scores, ood_scores) -> float:
 # -- an attack: factory(norm, **options) -> attack(model, x, y, epsilons) -> Tensor[E, N, ...] --
 def example_noise(norm, *, seed: int = 0):
     """Random noise at the full epsilon: a sanity baseline any real attack must beat."""
+    import torch
 
     def attack(model, x, y, epsilons):
         g = torch.Generator(device=x.device).manual_seed(int(seed))
@@ -76,6 +90,20 @@ def example_noise(norm, *, seed: int = 0):
     attack.norms = ("l2", "linf")
     attack.settings = {"seed": int(seed)}
     return attack
+
+
+# -- a command: `jemeval example-count DATASET` -------------------------------------------------
+@click.command("example-count")
+@click.argument("dataset")
+@click.option("--split", default="test", show_default=True, help="Split of DATASET.")
+def example_count(dataset, split):
+    """Count the examples of each class of DATASET (any registered dataset)."""
+    import collections
+
+    ds = jemeval.load_dataset(dataset, split)  # an unknown name fails as one line, like any command
+    counts = collections.Counter(int(y) for _, y in ds)
+    for label in sorted(counts):
+        click.echo(f"class {label}: {counts[label]}")
 
 
 @jemeval.hookimpl
@@ -101,3 +129,8 @@ def register_metrics(register):
 @jemeval.hookimpl
 def register_attacks(register):
     register("example-noise", example_noise)
+
+
+@jemeval.hookimpl
+def register_commands(cli):
+    cli.add_command(example_count)

@@ -1,7 +1,10 @@
 """Convert checkpoints of the IGEBM TensorFlow release (openai/ebm_code_release) to jemeval's format.
 
-Usage: ``jemeval-igebm-convert cachedir/cifar10_cond/model_74700 igebm_cifar10.pt --dataset cifar10``
-(IN is a TF1 checkpoint prefix, its ``.index`` file, or a folder holding a ``checkpoint`` file).
+Usage: ``jemeval convert cachedir/cifar10_cond/model_74700 igebm_cifar10.pt --dataset cifar10``
+(IN is a TF1 checkpoint prefix, its ``.index`` file, or a folder holding a ``checkpoint`` file): the
+plugin registers the layout ``igebm-tf-release`` (:data:`LAYOUT`, through
+``register_checkpoint_layouts``), which recognises such paths (:func:`match_tf_checkpoint`). The
+plugin's older console script, ``jemeval-igebm-convert IN OUT``, runs the same code.
 Only :func:`read_tf_variables` imports TensorFlow (``pip install 'jemeval-igebm[tf]'``); the
 mapping itself (:func:`release_to_state_dict`) works on a plain ``{name: numpy array}`` dict.
 
@@ -142,7 +145,8 @@ def _known_unused(name: str) -> bool:
     scope, field = m.groups()
     if scope in ("fc_dense", "atten"):
         return True
-    kind = "c1_pre" if scope == "c1_pre" else next((k for k in ("res_c1", "res_c2", "res_adaptive") if scope.endswith("_" + k)), None)
+    kinds = ("res_c1", "res_c2", "res_adaptive")
+    kind = "c1_pre" if scope == "c1_pre" else next((k for k in kinds if scope.endswith("_" + k)), None)
     return kind is not None and field in _UNUSED_FIELDS[kind]
 
 
@@ -161,13 +165,27 @@ def model_from_variables(variables: Mapping[str, np.ndarray]):
     try:
         model.net.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line or "Missing" in line), str(exc).splitlines()[0])
+        lines = str(exc).splitlines()
+        detail = next((line.strip() for line in lines if "size mismatch" in line or "Missing" in line), lines[0])
         raise CheckpointError(f"the release's tensors do not fit the {options['variant']} network: {detail}") from None
     return model.eval(), {"ignored_variables": len(ignored), "variant": options["variant"],
                           "conditional": num_classes_of(state) > 1}
 
 
 # -- TensorFlow files --------------------------------------------------------------------------
+LAYOUT_NAME = "igebm-tf-release"
+
+
+def looks_like_tensorflow(path: str | Path) -> bool:
+    """A TF1 checkpoint: a folder with a ``checkpoint`` file, an ``.index``/``.data-*`` file or a prefix."""
+    path = Path(path)
+    if path.is_dir():
+        return (path / "checkpoint").exists()
+    return path.suffix == ".index" or re.search(r"\.data-\d+-of-\d+$", path.name) is not None or (
+        not path.exists() and Path(f"{path}.index").exists()
+    )
+
+
 def checkpoint_prefix(path: str | Path) -> str:
     """The TF1 checkpoint prefix for a prefix, an ``.index``/``.meta``/``.data-*`` file or a folder."""
     from jemeval.errors import UsageError
@@ -176,7 +194,8 @@ def checkpoint_prefix(path: str | Path) -> str:
     if p.is_dir():
         state = p / "checkpoint"
         if not state.exists():
-            raise UsageError(f"{str(p)!r} holds no TensorFlow 'checkpoint' file; pass a checkpoint prefix such as {str(p / 'model_74700')!r}")
+            raise UsageError(f"{str(p)!r} holds no TensorFlow 'checkpoint' file; pass a checkpoint prefix such as "
+                             f"{str(p / 'model_74700')!r}")
         m = re.search(r'model_checkpoint_path:\s*"([^"]+)"', state.read_text())
         if not m:
             raise UsageError(f"{str(state)!r} names no model_checkpoint_path; pass the checkpoint prefix itself")
@@ -210,23 +229,35 @@ def _source_hashes(prefix: str) -> dict[str, str]:
     return {f.name: file_sha256(f) for f in files}
 
 
+def found_checkpoint(prefix: str):
+    """The release checkpoint at ``prefix`` as a :class:`~jemeval.formats.foreign.FoundCheckpoint` (reads it)."""
+    from jemeval.formats.foreign import FoundCheckpoint
+
+    model, notes = model_from_variables(read_tf_variables(prefix))
+    # the release clamps samples to its [0, 1] image box, which is [-1, 1] here
+    return FoundCheckpoint(lambda path: model, layout=LAYOUT_NAME, config=notes, sgld={"clamp": [-1.0, 1.0]},
+                           source=prefix, source_sha256=_source_hashes(prefix), notes=notes)
+
+
+def match_tf_checkpoint(path: str):
+    """The layout's ``match_path``: the release checkpoint at ``path``, or None when it is no TF checkpoint."""
+    return found_checkpoint(checkpoint_prefix(path)) if looks_like_tensorflow(path) else None
+
+
 def convert_tf_checkpoint(path_in: str | Path, path_out: str | Path, *, dataset: str | None = None):
-    """Write the release checkpoint ``path_in`` as a jemeval checkpoint; returns a Result."""
-    from jemeval.formats.convert import check_dataset_name, check_output_path, write_converted
+    """Write the release checkpoint ``path_in`` as a jemeval checkpoint; returns a Result (what
+    ``jemeval convert`` does for this layout, kept for the ``jemeval-igebm-convert`` script)."""
+    from jemeval.formats.convert import check_dataset_name, check_output_path, convert_found
 
     check_output_path(path_in, path_out)
     if dataset is not None:
         check_dataset_name(dataset)
-    prefix = checkpoint_prefix(path_in)
-    model, notes = model_from_variables(read_tf_variables(prefix))
-    # the release clamps samples to its [0, 1] image box, which is [-1, 1] here
-    return write_converted(model, prefix, path_out, layout="igebm-tf-release", source_sha256=_source_hashes(prefix),
-                           dataset=dataset, config={**notes, "sgld": {"clamp": [-1.0, 1.0]}}, extra=notes,
-                           command="jemeval-igebm-convert")
+    found = found_checkpoint(checkpoint_prefix(path_in))
+    return convert_found(found, path_in, path_out, dataset=dataset, command="jemeval-igebm-convert")
 
 
 def main(argv=None) -> int:
-    """``jemeval-igebm-convert IN OUT [--dataset NAME] [--json]``."""
+    """``jemeval-igebm-convert IN OUT [--dataset NAME] [--json]``, the same as ``jemeval convert IN OUT``."""
     import click
 
     from jemeval.cli.options import emit, output_options
@@ -235,7 +266,8 @@ def main(argv=None) -> int:
     @click.command("jemeval-igebm-convert")
     @click.argument("path_in", metavar="IN")
     @click.argument("path_out", metavar="OUT")
-    @click.option("--dataset", default=None, help="The dataset the model was trained on (e.g. cifar10), recorded in OUT.")
+    @click.option("--dataset", default=None,
+                  help="The dataset the model was trained on (e.g. cifar10), recorded in OUT.")
     @output_options
     def cli(path_in, path_out, dataset, **output):
         """Convert an IGEBM TensorFlow release checkpoint IN (prefix, .index file or folder) to OUT.pt."""

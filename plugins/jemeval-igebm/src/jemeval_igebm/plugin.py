@@ -1,4 +1,8 @@
-"""The jemeval hook implementation: registers the ``igebm`` model (entry point ``jemeval``)."""
+"""The jemeval hook implementations (entry point ``jemeval``): the ``igebm`` model and the
+``igebm-tf-release`` checkpoint layout, which lets ``jemeval convert`` read the TensorFlow release.
+
+Only light modules are imported here: jemeval imports this module to list commands (``--help``).
+"""
 from __future__ import annotations
 
 from jemeval import hookimpl
@@ -22,3 +26,14 @@ def igebm(num_classes, input_shape, *, width: int = 32, variant: str = "resnet32
 @hookimpl
 def register_models(register):
     register("igebm", igebm)
+
+
+@hookimpl
+def register_checkpoint_layouts(register):
+    from jemeval.formats.foreign import CheckpointLayout
+
+    from .convert_tf import LAYOUT_NAME, match_tf_checkpoint
+
+    register(LAYOUT_NAME, CheckpointLayout("IGEBM TensorFlow release (a TF1 checkpoint prefix, its .index file or "
+                                           "its folder; needs TensorFlow: pip install 'jemeval-igebm[tf]')",
+                                           match_path=match_tf_checkpoint))

@@ -1,8 +1,11 @@
-"""What the trainer does differently under ``torchrun`` (DistributedDataParallel), in one place.
+"""What the trainer does differently under DistributedDataParallel (``torchrun``), in one place.
+
+The generic utilities (process group, shards, per-rank streams, collectives) are in
+:mod:`jemeval.runtime.distributed`; this module applies them to training.
 
 The semantics (docs/training.md, "Several processes"):
 
-* ``--batch-size`` is the GLOBAL batch: each of the W ranks trains on batch_size / W images per
+* ``batch_size`` is the GLOBAL batch: each of the W ranks trains on batch_size / W images per
   iteration; DDP averages the gradients, so one optimizer step sees the same global batch as a
   single process (it must divide evenly).
 * The epoch's order depends only on (seed, epoch) (:func:`jemeval.runtime.distributed.shard_indices`), the
@@ -43,28 +46,12 @@ def join(device: torch.device, global_batch: int) -> D.DistContext:
 
 
 def check_global_batch(global_batch: int, world_size: int) -> None:
-    """``--batch-size`` is the global batch: it must split evenly over the processes (one line)."""
+    """``batch_size`` is the global batch: it must split evenly over the processes (one line)."""
     if world_size > 1 and global_batch % world_size:
         m = world_size
-        raise UsageError(f"--batch-size {global_batch} is the global batch and must be divisible by the "
-                         f"{m} processes: use a multiple of {m}, e.g. {max(m, global_batch - global_batch % m)}")
-
-
-def check_nproc(nproc: int, device: torch.device) -> None:
-    """Refuse more local processes than there are devices for them, before any starts (one line):
-    one GPU each with nccl, one CPU core each with gloo (more only thrash and can exhaust memory)."""
-    if nproc < 1:
-        raise UsageError(f"--nproc must be >= 1, got {nproc}")
-    if device.type == "cuda":
-        have = torch.cuda.device_count()
-        if nproc > have:
-            raise UsageError(f"--nproc {nproc} needs one GPU per process but {have} GPU(s) are visible: use --nproc "
-                             f"{have} or fewer, or --device cpu for {nproc} gloo processes on CPU")
-        return
-    cores = D.available_cpus()
-    if nproc > cores:
-        raise UsageError(f"--nproc {nproc} is more than the {cores} CPU core(s) available to gloo processes on CPU: "
-                         f"use --nproc {cores} or fewer")
+        raise UsageError(f"batch_size={global_batch} is the global batch and must be divisible by the "
+                         f"{m} processes: use a multiple of {m}, e.g. {max(m, global_batch - global_batch % m)}",
+                         param="batch_size")
 
 
 def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
@@ -72,9 +59,9 @@ def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
     saved = 1 if saved is None else int(saved)
     if saved != ctx.world_size:
         raise UsageError(
-            f"--resume: {str(path)!r} was written by {saved} process(es) but this run has {ctx.world_size}: "
-            f"resume with --nproc {saved} (or torchrun --nproc-per-node {saved}); data shards, random streams "
-            "and replay buffers are per process")
+            f"resume=True: {str(path)!r} was written by {saved} process(es) but this run has {ctx.world_size}: "
+            f"continue it with nproc={saved} (or torchrun --nproc-per-node {saved}); data shards, random streams "
+            "and replay buffers are per process", param="resume")
 
 
 def seed_generator(generator: torch.Generator, seed: int, ctx: D.DistContext) -> None:
@@ -87,7 +74,7 @@ def seed_generator(generator: torch.Generator, seed: int, ctx: D.DistContext) ->
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True when ``flag`` holds on at least one rank (a collective; the flag itself in a single process)."""
-    if not D._active():
+    if not D.active():
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -96,7 +83,7 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj`` in rank order (a collective; ``[obj]`` in a single process)."""
-    if not D._active():
+    if not D.active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -105,7 +92,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 def reduce_sums(sums: torch.Tensor, images: int) -> tuple[torch.Tensor, int]:
     """(statistics summed over ranks, images over ranks): the ranks' epoch sums pooled."""
-    if not D._active():
+    if not D.active():
         return sums, images
     world = dist.get_world_size()
     pooled = D.all_reduce_mean(torch.cat([sums.float(), sums.new_tensor([float(images)])]))
@@ -116,8 +103,8 @@ def buffer_share(buffer_size: int, ctx: D.DistContext) -> int:
     """Chains kept by each rank: buffer_size // world (a clear error when that is none)."""
     share = buffer_size // ctx.world_size
     if share < 1:
-        raise UsageError(f"--buffer-size {buffer_size} leaves no chains for each of {ctx.world_size} processes: "
-                         f"use at least {ctx.world_size}")
+        raise UsageError(f"buffer_size={buffer_size} leaves no chains for each of {ctx.world_size} processes: "
+                         f"use at least {ctx.world_size}", param="buffer_size")
     return share
 
 
@@ -130,10 +117,15 @@ def on_main(fn: Callable[[], Any], ctx: D.DistContext) -> Any:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
-    told = gather_objects(None if error is None else (isinstance(error, UsageError), str(error)))[0]
+    told = gather_objects(None if error is None else (str(error), _usage_param(error)))[0]
     if error is not None:
         raise error
     if told is not None:
-        usage, message = told
-        raise (UsageError if usage else JemevalError)(message)
+        message, param = told  # param: the UsageError's parameter; False for any other error
+        raise JemevalError(message) if param is False else UsageError(message, param=param)
     return result
+
+
+def _usage_param(error: Exception) -> str | None | bool:
+    """A UsageError's parameter (None when it names none); False for every other error."""
+    return error.param if isinstance(error, UsageError) else False

@@ -1,0 +1,121 @@
+"""What a run trains with, built once: data, model, optimizer, replay buffer, monitor, random stream.
+
+:func:`build` wires them in a fixed order (the random generators are seeded before the model's
+initialisation and the buffer's uniform start, so a seed gives the same run). Only the iteration
+itself (:class:`~.step.TrainStep`) is rebuilt during a run: divergence recovery may change its SGLD
+steps and energy penalty (:func:`effective_config`, :func:`make_step`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from jemeval.energy.factory import create_model
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import UsageError
+from jemeval.runtime.distributed import DistContext
+from jemeval.runtime.fastpath import FastPath
+from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.training import ddp
+from jemeval.training.augment import Augment, augment_for
+from jemeval.training.config import TrainConfig
+from jemeval.training.divergence import Adjustments, DivergenceMonitor, RecoveryPolicy
+from jemeval.training.objectives import Weights
+from jemeval.training.splits import TrainingData, prepare_data
+from jemeval.training.state import reseed
+from jemeval.training.step import StepOptions, TrainStep
+
+
+@dataclass
+class Parts:
+    """The run's fixed parts (see the module docstring); ``model`` is the eager module that
+    checkpoints save, ``forward``/``sample`` what training and SGLD call (compiled, DDP-wrapped)."""
+
+    config: TrainConfig
+    out: Path
+    device: torch.device
+    ctx: DistContext
+    fastpath: FastPath
+    generator: torch.Generator
+    data: TrainingData
+    augment: Augment
+    model: EnergyModel
+    forward: nn.Module
+    sample: nn.Module
+    optimizer: torch.optim.Optimizer
+    buffer: ReplayBuffer | None
+    monitor: DivergenceMonitor
+    policy: RecoveryPolicy
+
+
+def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
+    """Every part of a fresh run of ``config`` on this rank (a resume then restores last.pt into them)."""
+    fastpath = FastPath.for_device(device, bf16=config.bf16, channels_last=config.channels_last,
+                                   compile=config.compile, pin_memory=False)
+    generator = torch.Generator(device=device)
+    seed_everything(generator, config.seed, ctx)
+    data = prepare_data(config, device)
+    augment = augment_for(config.augment, data.info, data.input_shape)
+    model = create_model(config.arch, data.num_classes, data.input_shape,
+                         metadata={"dataset": config.dataset}).to(device)
+    prepared = fastpath.prepare(model, wrap=ctx.wrap)  # the eager module is kept for checkpoints
+    optimizer = make_optimizer(config, model)
+    buffer = make_buffer(config, data, ctx, device, generator)
+    monitor = DivergenceMonitor(config.max_abs_loss, config.max_abs_energy, config.energy_gap_band,
+                                config.gap_patience)
+    return Parts(config=config, out=Path(config.out_dir), device=device, ctx=ctx, fastpath=fastpath,
+                 generator=generator, data=data, augment=augment, model=model, forward=prepared.run,
+                 sample=prepared.sample, optimizer=optimizer, buffer=buffer, monitor=monitor,
+                 policy=RecoveryPolicy(config.seed, sampling=config.samples))
+
+
+def seed_everything(generator: torch.Generator, seed: int, ctx: DistContext) -> None:
+    """Seed every generator; under DDP the trainer's generator gets this rank's own stream."""
+    reseed(seed, generator)
+    ddp.seed_generator(generator, seed, ctx)
+
+
+def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+
+def make_buffer(config: TrainConfig, data: TrainingData, ctx: DistContext, device: torch.device,
+                generator: torch.Generator) -> ReplayBuffer | None:
+    """This rank's share of the persistent chains (None for the plain classifier and short-run chains)."""
+    if not config.samples or config.short_run:
+        return None
+    share = ddp.buffer_share(config.buffer_size, ctx)  # each rank keeps buffer_size // world chains
+    if config.class_blocks and share < data.num_classes:
+        raise UsageError(f"buffer_size={config.buffer_size} gives {share} chains per process, fewer than the "
+                         f"{data.num_classes} classes; class-conditional sampling needs at least one per class",
+                         param="buffer_size")
+    return ReplayBuffer(share, data.input_shape, num_classes=data.num_classes, reinit_freq=config.reinit_freq,
+                        device=device, generator=generator)
+
+
+def effective_config(config: TrainConfig, adjustments: Adjustments) -> TrainConfig:
+    """The configuration with recovery adjustments applied (what is actually running)."""
+    changes: dict[str, Any] = {}
+    if adjustments.sgld_steps is not None:
+        changes["sgld_steps"] = adjustments.sgld_steps
+    if adjustments.energy_l2 is not None:
+        changes["energy_l2"] = adjustments.energy_l2
+    return config.replace(**changes) if changes else config
+
+
+def make_step(parts: Parts, adjustments: Adjustments) -> TrainStep:
+    """One training iteration with the settings now in force (rebuilt after every recovery)."""
+    cfg = effective_config(parts.config, adjustments)
+    weights = Weights(pyx=cfg.pyx_weight, px=cfg.px_weight, pxy=cfg.pxy_weight, l2=cfg.energy_l2)
+    options = StepOptions(sigma=cfg.sigma, short_run=cfg.short_run, class_cond_px=cfg.class_cond_px,
+                          fastpath=parts.fastpath)
+    return TrainStep(parts.model, parts.optimizer, sgld=cfg.sgld(), buffer=parts.buffer, weights=weights,
+                     num_classes=parts.data.num_classes, input_shape=parts.data.input_shape, augment=parts.augment,
+                     generator=parts.generator, options=options, forward=parts.forward, sample_forward=parts.sample)

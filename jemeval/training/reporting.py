@@ -1,0 +1,99 @@
+"""Everything a run tells its user: metrics.csv rows, the progress bar, the lines on stderr.
+
+The loop never prints: the per-epoch line, the divergence and recovery events, the stop note and
+the progress bar all go through one :class:`Reporter`. Every rank keeps the metrics rows (they
+travel in last.pt); rank 0 alone writes metrics.csv and prints. With ``progress=False`` there is
+no bar and no per-epoch line; events and notes are always printed.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from jemeval.training.metrics_log import MetricsLog
+from jemeval.training.progress import EpochStats, Progress
+
+
+def note(text: str) -> None:
+    """One ``jemeval train: ...`` line on stderr (also for the run folder's notes, :mod:`.rundir`)."""
+    print(f"jemeval train: {text}", file=sys.stderr, flush=True)
+
+
+class Reporter:
+    """metrics.csv (``metrics``), the progress bar and the stderr lines of one run."""
+
+    def __init__(self, out: Path, *, main: bool, progress: bool | None, epochs: int, samples: bool) -> None:
+        self.metrics = MetricsLog(out / "metrics.csv")
+        self.main = main  # rank 0: the one that writes and prints
+        self.progress = progress  # None: tqdm decides (a bar on a terminal); False: no bar, no epoch lines
+        self.epochs = epochs
+        self.samples = samples  # the epoch line shows sample energies only when training samples
+
+    # -- metrics.csv ---------------------------------------------------------------------------
+    def restore_rows(self, rows: list[dict]) -> None:
+        """Continue the rows saved in last.pt (a resume rewrites metrics.csv from them)."""
+        self.metrics = MetricsLog(self.metrics.path, rows)
+
+    def write_metrics(self) -> None:
+        if self.main:
+            self.metrics.write()
+
+    def epoch_row(self, progress: Progress, m: dict[str, float], *, val_acc: float | None, lr: float,
+                  sgld_steps: int, seconds: float, rate: float | None) -> dict[str, Any]:
+        """The row of the epoch just completed (``m``: its pooled means, see :class:`.progress.EpochStats`)."""
+        return self.metrics.add(
+            epoch=progress.epoch, step=progress.step, train_acc=m["train_acc"], val_acc=val_acc, loss=m["loss"],
+            loss_pyx=m["pyx"], loss_px=m["px"], loss_pxy=m["pxy"], loss_l2=m["l2"], energy_data=m["e_data"],
+            energy_sample=m["e_sample"], energy_gap=m["e_sample"] - m["e_data"], lr=lr, sgld_steps=sgld_steps,
+            seconds=seconds, images_per_s=rate, event="")
+
+    def event(self, text: str, *, epoch: int, step: int, lr: float | None = None, sgld_steps: int | None = None,
+              echo: bool = True) -> None:
+        """A metrics row for an event of ``epoch`` (1-based, the one in progress) and, with ``echo``,
+        the same line on stderr."""
+        self.metrics.add(epoch=epoch, step=step, event=text, lr=lr, sgld_steps=sgld_steps)
+        if echo:
+            self.note(text)
+
+    # -- stderr --------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        if self.main:
+            note(text)
+
+    def epoch_line(self, row: dict[str, Any]) -> None:
+        """``epoch 3/20  loss ...  train ...%  val ...%  E(data) ...  lr ...  1.2 s (900 img/s)``."""
+        if self.progress is False or not self.main:
+            return
+        val = "-" if row["val_acc"] is None else f"{100 * row['val_acc']:.1f}%"
+        energies = f"  E(data) {row['energy_data']:.3g}  E(samples) {row['energy_sample']:.3g}" if self.samples else ""
+        print(f"epoch {row['epoch']}/{self.epochs}  loss {row['loss']:.4g}  train {100 * row['train_acc']:.1f}%  "
+              f"val {val}{energies}  lr {row['lr']:.3g}  {row['seconds']:.1f} s ({row['images_per_s'] or 0:.0f} img/s)",
+              file=sys.stderr, flush=True)
+
+    def stopped(self, reason: str | None, progress: Progress, last: Path) -> None:
+        self.note(f"stopped ({reason}) at epoch {progress.epoch + 1}, step {progress.step}; saved {last}; "
+                  "continue with --resume")
+
+    @staticmethod
+    def signal_received(name: str) -> None:
+        """Said by every process that got the signal (each saves its part of last.pt)."""
+        print(f"\njemeval train: {name} received; saving last.pt after this iteration (again to abort)",
+              file=sys.stderr, flush=True)
+
+    # -- the progress bar ----------------------------------------------------------------------
+    def bar(self, progress: Progress, total: int) -> tqdm:
+        """The bar of the epoch in progress (a context manager; off on ranks other than 0)."""
+        disable = True if not self.main else None if self.progress is None else not self.progress
+        return tqdm(total=total, initial=progress.batch, desc=f"epoch {progress.epoch + 1}/{self.epochs}", unit="it",
+                    file=sys.stderr, disable=disable, leave=False, dynamic_ncols=True)
+
+    @staticmethod
+    def show_stats(bar: tqdm, stats: EpochStats) -> None:
+        """The epoch's running means on the bar (a host sync, so only when the bar is shown)."""
+        if not bar.disable:
+            m = stats.means()
+            bar.set_postfix(loss=f"{m['loss']:.3g}", acc=f"{m['train_acc']:.3f}", E_data=f"{m['e_data']:.3g}",
+                            E_q=f"{m['e_sample']:.3g}", refresh=False)

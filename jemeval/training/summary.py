@@ -1,0 +1,97 @@
+"""What :func:`jemeval.train` returns: the run summary as a :class:`~jemeval.results.Result`.
+
+One record (status, the paths of best.pt, last.pt and metrics.csv, best/final/test accuracies,
+recoveries, timings), the provenance, and the full configuration in ``extra["config"]``. The test
+accuracy is best.pt's on the dataset's test split, its weights loaded through
+:func:`jemeval.formats.native.load_state` (non-finite weights are refused).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from jemeval.data import load_dataset, to_arrays
+from jemeval.errors import JemevalError
+from jemeval.evaluation.accuracy import accuracy_on_arrays
+from jemeval.formats.native import load_state, read_checkpoint
+from jemeval.results import Result
+from jemeval.training.checkpointing import config_record, run_provenance
+from jemeval.training.metrics_log import MetricsLog
+from jemeval.training.parts import Parts
+from jemeval.training.progress import Progress
+
+
+class TrainResult(Result):
+    """The result of :func:`jemeval.train` (see the module docstring).
+
+    Up to 0.1 ``train`` returned the summary as a dict; ``result["best"]``, ``result.get(...)`` and
+    ``"best" in result`` keep working for one release, with a DeprecationWarning: read
+    ``result.records[0]["best"]``, or :attr:`summary` for that dict whole.
+    """
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The record with ``config`` and ``provenance``: what ``jemeval train --json`` prints."""
+        return {**self.records[0], "config": self.extra.get("config"), "provenance": self.provenance}
+
+    def __getitem__(self, key: str) -> Any:
+        _deprecated(f"result[{key!r}]")
+        return self.summary[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _deprecated(f"result.get({key!r})")
+        return self.summary.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        _deprecated(f"{key!r} in result")
+        return key in self.summary
+
+    def keys(self):
+        _deprecated("result.keys()")
+        return self.summary.keys()
+
+
+def _deprecated(what: str) -> None:
+    warnings.warn(f"jemeval.train() returns a Result now; {what} reads the old summary dict and will be removed "
+                  "in the next release: use result.records[0] (or result.summary)", DeprecationWarning, stacklevel=3)
+
+
+def summarize(parts: Parts, progress: Progress, metrics: MetricsLog, status: str) -> TrainResult:
+    """The run's result (on every rank; the test accuracy is computed on rank 0 of a completed run)."""
+    cfg, out = parts.config, parts.out
+    epoch_rows = [r for r in metrics.rows if not r.get("event")]
+    last = epoch_rows[-1] if epoch_rows else {}
+    best = out / "best.pt"
+    test_acc, note = None, None
+    if status == "completed" and cfg.test_eval and parts.ctx.is_main and best.exists():
+        test_acc, note = best_test_accuracy(parts, best)
+    rates = [r["images_per_s"] for r in epoch_rows if r.get("images_per_s")]
+    record = {
+        "status": status, "dataset": cfg.dataset, "arch": cfg.arch, "out": str(out),
+        "best": str(best) if best.exists() else None, "last": str(out / "last.pt"), "metrics": str(metrics.path),
+        "epochs": progress.epoch, "steps": progress.step,
+        "best_epoch": progress.best_epoch, "best_val_acc": progress.best_val_acc,
+        "final_train_acc": last.get("train_acc"), "final_val_acc": last.get("val_acc"),
+        "test_acc": test_acc, "test_note": note,
+        "recoveries": progress.recoveries, "world_size": parts.ctx.world_size, "seconds": progress.elapsed,
+        "images_per_s": sum(rates) / len(rates) if rates else None,
+    }
+    return TrainResult([record], provenance=run_provenance(parts, progress, best_val_acc=progress.best_val_acc),
+                       extra={"config": config_record(parts, progress)})
+
+
+def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | None]:
+    """Accuracy of best.pt on the test split (eval_sigma noise; logits once, no gradients), and a
+    note when that number needs one (no test split; an npz file is its own test set)."""
+    cfg = parts.config
+    try:
+        test = load_dataset(cfg.dataset, "test", root=cfg.data_root, download=cfg.download)
+    except JemevalError as exc:
+        return None, f"no test accuracy: {exc}"
+    x, y = to_arrays(test)
+    load_state(parts.model, read_checkpoint(best)["state_dict"], str(best))
+    note = ("npz datasets have no separate test split: this is the accuracy on the same file"
+            if cfg.dataset_name == "npz" else None)
+    return accuracy_on_arrays(parts.model, x, y, batch_size=cfg.eval_batch_size, sigma=cfg.eval_sigma,
+                              seed=cfg.seed), note

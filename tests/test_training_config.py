@@ -1,0 +1,76 @@
+"""Training settings (jemeval.training.config): per-dataset defaults, one-line errors that name the
+parameter, what a resume may change, and configurations stored by older versions."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jemeval.errors import UsageError
+from jemeval.training import TrainConfig, resolve_config, resume_config, train
+
+
+def test_dataset_defaults_follow_the_paper_for_cifar_and_a_cpu_recipe_for_digits():
+    c = resolve_config("cifar10")
+    assert c.arch == "wrn:depth=28,widen=10,norm=none" and c.lr == 1e-4 and c.batch_size == 64
+    assert (c.sgld_steps, c.sgld_lr, c.sgld_std, c.sigma) == (20, 1.0, 0.01, 0.03)
+    assert (c.buffer_size, c.reinit_freq, c.warmup_iters, c.val_size) == (10000, 0.05, 1000, 5000)
+    assert c.decay_epochs == (50, 100) and c.epochs == 150 and c.decay_rate == 0.3 and c.optimizer == "adam"
+    d = resolve_config("digits")
+    assert d.arch.startswith("cnn") and d.epochs <= 40
+    assert resolve_config("npz:/x.npz").arch == "cnn"  # generic small defaults
+    assert resolve_config("digits", lr=0.5).lr == 0.5 and resolve_config("digits", lr=None).lr == d.lr
+    f = resolve_config("digits", objective="factored")
+    assert (f.pyx_weight, f.px_weight, f.pxy_weight) == (0.0, 0.0, 1.0)
+    record = d.to_dict()
+    assert record["sgld"] == {"steps": d.sgld_steps, "step_size": d.sgld_lr, "noise": d.sgld_std, "clamp": None,
+                              "bn_mode": "eval"}
+    assert record["sigma"] == d.sigma and record["out"] == "runs/digits"
+
+
+@pytest.mark.parametrize("changes, words, param", [
+    ({"optimizer": "adamw"}, ["adamw", "did you mean 'adam'"], "optimizer"),
+    ({"sigma": -0.1}, ["sigma must be a number >= 0"], "sigma"),
+    ({"lr": -1.0}, ["lr must be > 0, got -1.0"], "lr"),
+    ({"epochs": 0}, ["epochs must be >= 1, got 0"], "epochs"),
+    ({"reinit_freq": 2.0}, ["reinit_freq", "[0, 1]"], "reinit_freq"),
+    ({"sgld_lr": float("inf")}, ["sgld_lr must be a finite number > 0"], "sgld_lr"),
+    ({"objective": "factored", "pyx_weight": 1.0}, ["factored", "pyx_weight"], "pyx_weight"),
+    ({"px_weight": 0.0, "pyx_weight": 0.0}, ["every loss weight is 0"], "pyx_weight"),
+    ({"augment": "pad=x"}, ["augment", "pad=4,flip=1"], "augment"),
+    ({"resume": True, "overwrite": True}, ["resume=True", "overwrite=True", "not both"], "overwrite"),
+    ({"sgld_stepz": 3}, ["sgld_stepz", "did you mean 'sgld_steps'"], None),
+])
+def test_bad_settings_raise_one_line_usage_errors_naming_the_parameter(changes, words, param):
+    with pytest.raises(UsageError) as exc:
+        resolve_config("digits", **changes)
+    message = str(exc.value)
+    assert "\n" not in message and all(w in message for w in words), message
+    assert "--" not in message  # the core names parameters; flags belong to the command line
+    assert exc.value.param == param
+
+
+def test_resume_config_only_lets_harmless_settings_change():
+    stored = resolve_config("digits", epochs=4).to_dict()
+    cfg = resume_config(stored, epochs=8, device="cpu")
+    assert cfg.epochs == 8 and cfg.resume and cfg.lr == stored["lr"]
+    with pytest.raises(UsageError, match="lr=0.5"):
+        resume_config(stored, lr=0.5)
+
+
+def test_configs_stored_by_older_versions_load():
+    """0.1 stored a test-only ``inject_divergence`` setting (and always stores derived keys): ignored."""
+    stored = {**resolve_config("digits", epochs=3).to_dict(), "inject_divergence": {"step": 3, "kind": "nan"},
+              "resolved": {"device": "cpu"}}
+    config = TrainConfig.from_dict(stored)
+    assert config.epochs == 3 and not hasattr(config, "inject_divergence")
+    assert resume_config(stored, epochs=5).epochs == 5
+
+
+def test_resume_from_a_file_without_training_state_is_one_line(tmp_path):
+    (tmp_path / "bad").mkdir()
+    torch.save(torch.zeros(3), tmp_path / "bad" / "last.pt")
+    with pytest.raises(UsageError, match="holds no training state"):
+        train("digits[0-2]", resume=True, out=str(tmp_path / "bad"))
+    with pytest.raises(UsageError, match="no .* to continue") as exc:
+        train("digits[0-2]", resume=True, out=str(tmp_path / "none"))
+    assert exc.value.param == "out"
