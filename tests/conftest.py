@@ -4,6 +4,7 @@ workers and concurrent runs: tests/fixture_cache.py keeps them on disk, keyed by
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -69,13 +70,13 @@ def _train_digits_jem(folder, **settings):
 
 
 #: fixture name -> (cache entry name, settings, builder(folder, **settings), file the fixture returns)
-#: (longest first: see pytest_collection_finish)
+#: (the JEM first: the longest build starts at once, see pytest_collection_finish)
 TRAINED = {
     "digits_jem_ckpt": ("digits_jem", DIGITS_JEM_FIXTURE, _train_digits_jem, "run/best.pt"),
-    "digits_baseline_ckpt": ("digits_jem_baseline", {**DIGITS_JEM_FIXTURE, "px_weight": 0.0}, _train_digits_jem,
-                             "run/best.pt"),
     "digits_classifier_ckpt": ("digits_classifier", DIGITS_CLASSIFIER_FIXTURE, _train_digits_classifier,
                                "classifier.pt"),
+    "digits_baseline_ckpt": ("digits_jem_baseline", {**DIGITS_JEM_FIXTURE, "px_weight": 0.0}, _train_digits_jem,
+                             "run/best.pt"),
 }
 
 
@@ -107,16 +108,35 @@ def _private_copy(fixture, tmp_path_factory):
     return copy / filename
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, an order that keeps both workers busy (files stay whole, so module fixtures are
+    built once, and keep their own order):
+
+    1. files holding ``slow`` tests (minutes of torchrun and subprocesses) first: started last, one
+       of them would keep one worker busy long after the other ran out of tests;
+    2. files that use the trained JEMs last: by the time either worker reaches them, the worker
+       that took that build at start-up (pytest_collection_finish) has finished it.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    # read the file: some ask for a JEM through request.getfixturevalue, which fixturenames misses
+    jem = {path for path in {item.path for item in items}
+           if re.search(r"\bdigits_(jem|baseline)_ckpt\b", path.read_text(errors="replace"))}
+    items.sort(key=lambda item: (item.path not in slow, item.path in jem))  # a stable sort
+
+
 def pytest_collection_finish(session):
     """Under xdist, build the trained fixtures this run needs before the first test, each worker
     starting with a different one and skipping those another worker is building: two workers
     train two models at once, and none sits waiting for a model while tests that need none could
-    run. A failed build is left to the fixture, which retries and reports it in a test."""
+    run (their users run last, see above). A failed build is left to the fixture, which retries
+    and reports it in a test."""
     import fixture_cache
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if session.config.option.collectonly:
         return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     needed = [f for f in TRAINED if any(f in getattr(item, "fixturenames", ()) for item in session.items)]
     if not worker.startswith("gw") or not needed:
         return
