@@ -76,7 +76,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 #: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
-                               "resume", "overwrite", "compile", "test_eval", "grid_every"})
+                               "resume", "overwrite", "compile", "test_eval", "grid_every", "config_file"})
 
 RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
                        "them, not both")
@@ -154,6 +154,7 @@ class TrainConfig:
     test_eval: bool = True  # evaluate best.pt on the test split at the end
     resume: bool = False  # continue the run in out_dir from its last.pt
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
+    config_file: dict | None = None  # the --config file that set some of these: {"file", "sha256", "keys"}
 
     # -- derived -------------------------------------------------------------------------------
     @property
