@@ -94,6 +94,12 @@ from jemeval.cli.options import data_options, parse_ints
               "metrics.csv and sample grids, then start a new run.")
 @click.option("--nproc", type=int, help="Train with N processes on this machine (DistributedDataParallel, "
               "gloo on CPU / nccl on CUDA), re-launched through torchrun; at most one per GPU (CUDA) or CPU core.")
+@click.option("--log-to", "log_to", multiple=True, metavar="LOGGER",
+              help="Also log to tensorboard (event files in DIR/tensorboard), wandb (DIR/wandb, offline unless "
+                   "wandb:mode=online) or a plugin's logger (jemeval list loggers); repeat for several. metrics.csv "
+                   "is always written.")
+@click.option("--log-every", type=click.IntRange(min=1), help="Iterations between the loggers' train/* scalars "
+              "[default: 10].")
 @click.option("--no-progress", is_flag=True, help="No progress bar and no per-epoch lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @data_options
