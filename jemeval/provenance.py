@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from jemeval.runtime.devices import device_description
+from jemeval.runtime.shards import rank_and_world
 
 
 def provenance(
@@ -61,6 +62,8 @@ def provenance(
         record["seed"] = seed
     if settings:
         record["settings"] = settings
+    if rank_and_world()[1] > 1:  # a sharded evaluation (the records are those of one process)
+        record["processes"] = rank_and_world()[1]
     return record
 
 

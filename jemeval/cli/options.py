@@ -7,6 +7,10 @@ shown with the flag (:func:`jemeval.cli.flag_message`).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -97,3 +101,77 @@ def parse_ints(value: str, what: str) -> list[int]:
         return [int(v) for v in split_list(value, what)]
     except ValueError:
         raise UsageError(f"{what} must be comma-separated integers, got {value!r}") from None
+
+
+def without_nproc(args: list[str]) -> list[str]:
+    """``args`` with ``--nproc N`` / ``--nproc=N`` removed (the command line a worker runs)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def nproc_option(fn):
+    """``--nproc N`` for an evaluation command: re-launch the command line in N processes on this
+    machine through torchrun (gloo on CPU, nccl on CUDA with one GPU per process); the command's
+    computation shares its batches out (:mod:`jemeval.runtime.shards`) and gives the records of one
+    process. Under ``torchrun -m jemeval ...`` (with or without ``--nproc``) the command runs as one
+    rank: rank 0 prints and writes files, the other ranks say nothing unless they alone failed."""
+    @click.option("--nproc", type=click.IntRange(min=1), default=None, metavar="N",
+                  help="Run in N processes on this machine (torchrun; gloo on CPU, nccl on CUDA with one GPU "
+                       "each), the batches shared out; the same records as one process.")
+    @functools.wraps(fn)
+    def wrapper(*args, nproc=None, **kwargs):
+        from jemeval.runtime.launch import check_nproc, launched_by_torchrun, relaunch
+
+        if launched_by_torchrun(nproc):
+            return _as_rank(fn, args, kwargs)
+        if nproc is not None and nproc > 1:
+            check_nproc(nproc, resolve_device(kwargs.get("device")))
+            command = click.get_current_context().info_name
+            sys.exit(relaunch(nproc, without_nproc(sys.argv[1:]), command=command))
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _as_rank(fn, args, kwargs):
+    """Run the command as one rank of a torchrun launch: join the process group on this rank's
+    device (``cuda:LOCAL_RANK`` or the CPU); rank 0 runs as usual, the others silently.
+
+    Every rank ends with one exchange of errors (:func:`jemeval.runtime.distributed.raise_any`, the
+    same collective :func:`jemeval.runtime.shards.map_batches` begins with): a rank that fails
+    before or between the shared batches meets the others there, so all ranks stop together and
+    rank 0 alone reports the error, in one line.
+    """
+    from jemeval.runtime.distributed import destroy, join, raise_any
+
+    ctx = join(resolve_device(kwargs.get("device")))
+    if "device" in kwargs:
+        kwargs["device"] = str(ctx.device)
+    result, error = None, None
+    try:
+        with contextlib.ExitStack() as quiet:
+            if not ctx.is_main:
+                null = quiet.enter_context(open(os.devnull, "w"))
+                quiet.enter_context(contextlib.redirect_stdout(null))
+                quiet.enter_context(contextlib.redirect_stderr(null))
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - every rank hears of it below
+                if getattr(exc, "shared", False):
+                    raise
+                error = exc
+            raise_any(error)
+    except Exception:
+        if ctx.is_main:
+            raise
+        return None  # rank 0 reports it
+    finally:
+        destroy()
+    return result

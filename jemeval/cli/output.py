@@ -13,6 +13,7 @@ positional OUT); every extra file has its own named option (``--result``, ``--cs
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,15 @@ def progress(always: bool = False) -> StderrProgress:
     return StderrProgress(always=always)
 
 
+def is_main_rank() -> bool:
+    """False in the ranks other than 0 of a torchrun launch: only rank 0 prints and writes files."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def write_files(result: Any, *outputs: tuple[str | Path | None, Callable[[Any, Any], Any]]) -> None:
     """Write a command's extra files: each ``(path, writer)`` calls ``writer(result, path)`` and says
-    so on stderr; a None path (the option not given) is skipped."""
-    for path, writer in outputs:
+    so on stderr; a None path (the option not given) is skipped. Rank 0 alone writes."""
+    for path, writer in outputs if is_main_rank() else ():
         if path is not None:
             writer(result, path)
             click.echo(f"wrote {path}", err=True)
@@ -75,7 +81,10 @@ def record_config(result) -> None:
 
 def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=None, columns=None, title=None):
     """Print a :class:`~jemeval.results.Result` and save the requested files. A command run with
-    ``--config FILE`` records the file and every resolved option in ``provenance["config"]``."""
+    ``--config FILE`` records the file and every resolved option in ``provenance["config"]``. Rank 0
+    alone prints and writes."""
+    if not is_main_rank():
+        return
     record_config(result)
     if out_path:
         result.save_json(out_path)

@@ -34,6 +34,7 @@ from jemeval.evaluation.batching import check_min, prepare_model
 from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
+from jemeval.runtime.shards import batch_generator, map_batches, my_batches
 from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.sgld import SGLD
@@ -45,8 +46,9 @@ DEFAULT_STEPS = 100
 DEFAULT_BATCH_SIZE = 256
 _PROGRESS_CHUNKS = 25  # progress updates per batch of chains (each costs one extra forward)
 TOP_CONFIDENT_RULE = "per predicted class, ceil(P% of its samples), by max softmax"
-SEED_USE = ("init draws: CPU generator(seed); SGLD noise: device generator(seed), drawn batch by batch "
-            "(the same seed and batch_size give the same samples)")
+SEED_USE = ("init draws: CPU generator(seed); SGLD noise: one device generator per batch of chains, seeded "
+            "with seed for batch 0 and a mix of (seed, batch index) after it (the same seed and batch_size give "
+            "the same samples, in any number of processes)")
 
 
 def resolve_classes(classes: int | str | Sequence[int] | None, num_classes: int) -> list[int] | None:
@@ -130,37 +132,53 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
 
 
 # -- the sampler loop --------------------------------------------------------------------------
-
-# -- the sampler loop --------------------------------------------------------------------------
 def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.Tensor | None, *,
-               batch_size: int, generator: torch.Generator, progress: ProgressArg) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run SGLD from ``x0`` in batches of chains; returns (samples on CPU, mean log p~ trace).
+               batch_size: int, seed: int, progress: ProgressArg) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Run SGLD from ``x0`` in batches of chains; returns (the samples and what the model says about
+    them, all on the CPU; the mean log p~ trace).
 
-    Each batch runs in chunks of steps so that the progress moves during long chains; a chunk's
-    trace ends where the next one begins, so the joined trace has steps + 1 values.
+    Batch b's noise comes from its own generator (:func:`jemeval.runtime.shards.batch_generator`), so
+    the batches can run in any process (:func:`jemeval.runtime.shards.map_batches`) and give the
+    samples of one process. The trace is summed in batch order, as one process would.
     """
-    device = model.device
     n, steps = len(x0), sgld.steps
-    chunk = max(1, math.ceil(steps / _PROGRESS_CHUNKS))
     n_batches = math.ceil(n / batch_size)
-    outs, trace_sum = [], torch.zeros(steps + 1, device=device)
-    with progress_bar(progress, steps * n_batches, "SGLD", unit="step") as bar:
-        for start in range(0, n, batch_size):
-            x = x0[start:start + batch_size].to(device)
-            y = None if targets is None else targets[start:start + batch_size].to(device)
-            parts = []
-            done = 0
-            while True:
-                k = min(chunk, steps - done)
-                x, tr = sgld.sample(model, x, y, steps=k, generator=generator, return_trace=True)
-                parts.append(tr if done + k == steps else tr[:-1])
-                done += k
-                bar.update(k)
-                if done >= steps:
-                    break
-            trace_sum += torch.cat(parts) * len(x)
-            outs.append(x.detach().cpu())
-    return torch.cat(outs), (trace_sum / n).cpu()
+    with progress_bar(progress, steps * len(my_batches(n_batches)), "SGLD", unit="step") as bar:
+        def one(b: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+            part = slice(b * batch_size, (b + 1) * batch_size)
+            y = None if targets is None else targets[part]
+            x, trace = chain_batch(model, sgld, x0[part], y, batch_generator(seed, b, model.device), bar)
+            return {"x": x, **describe(model, x, y, batch_size)}, trace * len(x)
+
+        done = map_batches(one, n_batches)
+    trace_sum = torch.zeros(steps + 1)
+    for _, trace in done:
+        trace_sum += trace
+    parts = {k: torch.cat([p[k] for p, _ in done]) for k in done[0][0]}
+    return parts, trace_sum / n
+
+
+def chain_batch(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, y: torch.Tensor | None,
+                generator: torch.Generator, bar) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of chains (on the CPU) and its mean log p~ trace (steps + 1 values, on the CPU).
+
+    The steps run in chunks so that the progress moves during long chains; a chunk's trace ends
+    where the next one begins.
+    """
+    device, steps = model.device, sgld.steps
+    chunk = max(1, math.ceil(steps / _PROGRESS_CHUNKS))
+    x = x0.to(device)
+    y = None if y is None else y.to(device)
+    parts, done = [], 0
+    while True:
+        k = min(chunk, steps - done)
+        x, tr = sgld.sample(model, x, y, steps=k, generator=generator, return_trace=True)
+        parts.append(tr if done + k == steps else tr[:-1])
+        done += k
+        bar.update(k)
+        if done >= steps:
+            break
+    return x.detach().cpu(), torch.cat(parts).cpu()
 
 
 @torch.no_grad()
@@ -220,9 +238,6 @@ def summarise(parts: dict[str, torch.Tensor], targets: torch.Tensor, classes: li
 
 
 # -- public entry point ------------------------------------------------------------------------
-
-
-# -- public entry point ------------------------------------------------------------------------
 @deprecated_keywords(renamed={"step_size": "sgld_step_size", "noise": "sgld_noise"})
 def sample(
     model: EnergyModel | str | os.PathLike,
@@ -264,10 +279,7 @@ def sample(
     total = n if cls is None else n * len(cls)
     x0, init_info = chain_starts(model, total, targets, init, torch.Generator().manual_seed(seed),
                                  replay_buffer=replay_buffer, data=data, data_root=data_root)
-    noise_gen = torch.Generator(device=model.device).manual_seed(seed)
-    x, trace = run_chains(model, sgld, x0, targets, batch_size=batch_size, generator=noise_gen, progress=progress)
-    parts = describe(model, x, targets, batch_size)
-    parts["x"] = x
+    parts, trace = run_chains(model, sgld, x0, targets, batch_size=batch_size, seed=seed, progress=progress)
     parts["target"] = torch.full((total,), -1, dtype=torch.long) if targets is None else targets
     if top_confident is not None:
         keep = top_confident_mask(parts["predicted"].numpy(), parts["confidence"].numpy(), top_confident)

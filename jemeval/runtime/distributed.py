@@ -24,12 +24,13 @@ import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from jemeval.errors import JemevalError
+from jemeval.errors import JemevalError, UsageError
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -100,6 +101,16 @@ def init_from_env(
         _join_group(backend, rank, world, env, timeout_s)
     return DistContext(rank=rank, world_size=world, local_rank=local,
                        backend=backend if world > 1 else None, device=device)
+
+
+def join(device: torch.device) -> DistContext:
+    """The launch's context for work on ``device``: gloo processes on CPU, nccl on CUDA (one GPU per
+    process, ``cuda:LOCAL_RANK``). A single process (no torchrun variables, or WORLD_SIZE=1) joins
+    nothing. A launch that cannot work is one line (a UsageError)."""
+    try:
+        return init_from_env(backend="nccl" if device.type == "cuda" else "gloo")
+    except JemevalError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _backend_device(backend: str, local_rank: int) -> torch.device:
@@ -205,6 +216,37 @@ def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable, CPU tensors) in rank order (a collective; ``[obj]`` in a single process)."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def raise_any(error: BaseException | None) -> None:
+    """Raise on every rank when any rank had an error (a collective): its own error where it
+    happened, the first failing rank's one line (a UsageError naming the same parameter, or a
+    JemevalError) elsewhere, so no rank waits forever for one that stopped. The raised error is
+    marked ``shared`` (every rank, rank 0 included, raises it: rank 0 alone need report it)."""
+    told = gather_objects(None if error is None else (str(error), _usage_param(error)))
+    failed = [t for t in told if t is not None]
+    if error is not None:
+        error.shared = True  # type: ignore[attr-defined]
+        raise error
+    if failed:
+        message, param = failed[0]  # param: the UsageError's parameter; False for any other error
+        copy = JemevalError(message) if param is False else UsageError(message, param=param)
+        copy.shared = True  # type: ignore[attr-defined]
+        raise copy
+
+
+def _usage_param(error: BaseException) -> str | None | bool:
+    """A UsageError's parameter (None when it names none); False for every other error."""
+    return error.param if isinstance(error, UsageError) else False
 
 
 def barrier() -> None:

@@ -17,7 +17,6 @@ import torch
 from jemeval.formats.native import load_state, save_checkpoint
 from jemeval.provenance import provenance
 from jemeval.runtime import distributed as D
-from jemeval.training import ddp
 from jemeval.training.divergence import Adjustments
 from jemeval.training.feed import batch_plan
 from jemeval.training.metrics_log import MetricsLog
@@ -65,7 +64,7 @@ def training_state(parts: Parts, progress: Progress, metrics: MetricsLog) -> dic
     """Everything a resume needs (a collective under DDP: every rank's state is gathered)."""
     config = parts.config
     mine = _rank_state(parts, progress)
-    ranks = ddp.gather_objects(mine)
+    ranks = D.gather_objects(mine)
     return {
         "epoch": progress.epoch, "batch": progress.batch, "step": progress.step,
         "world_size": parts.ctx.world_size,

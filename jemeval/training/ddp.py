@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from jemeval.errors import JemevalError, UsageError
+from jemeval.errors import UsageError
 from jemeval.runtime import distributed as D
 
 
@@ -36,11 +36,7 @@ def join(device: torch.device, global_batch: int) -> D.DistContext:
 
     A single process (no torchrun variables, or WORLD_SIZE=1) joins nothing.
     """
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    try:
-        ctx = D.init_from_env(backend=backend)
-    except JemevalError as exc:
-        raise UsageError(str(exc)) from None
+    ctx = D.join(device)
     check_global_batch(global_batch, ctx.world_size)
     return ctx
 
@@ -81,15 +77,6 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item() > 0)
 
 
-def gather_objects(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` in rank order (a collective; ``[obj]`` in a single process)."""
-    if not D.active():
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def reduce_sums(sums: torch.Tensor, images: int) -> tuple[torch.Tensor, int]:
     """(statistics summed over ranks, images over ranks): the ranks' epoch sums pooled."""
     if not D.active():
@@ -117,15 +104,5 @@ def on_main(fn: Callable[[], Any], ctx: D.DistContext) -> Any:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
-    told = gather_objects(None if error is None else (str(error), _usage_param(error)))[0]
-    if error is not None:
-        raise error
-    if told is not None:
-        message, param = told  # param: the UsageError's parameter; False for any other error
-        raise JemevalError(message) if param is False else UsageError(message, param=param)
+    D.raise_any(error)
     return result
-
-
-def _usage_param(error: Exception) -> str | None | bool:
-    """A UsageError's parameter (None when it names none); False for every other error."""
-    return error.param if isinstance(error, UsageError) else False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import device_option, model_option, resolve_device, seed_option
+from jemeval.cli.options import device_option, model_option, nproc_option, resolve_device, seed_option
 from jemeval.cli.output import emit, output_options, progress, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
 
@@ -66,6 +66,7 @@ def describe_samples(result) -> str:
 @output_options(result_flag="--result")
 @device_option
 @seed_option(0)
+@nproc_option
 def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown, out_path, device, seed, **opts):
     """Draw samples from a JEM by SGLD: per class with --class, from noise, buffer or data.
 
@@ -73,6 +74,7 @@ def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown
     Examples:
       jemeval sample --model runs/digits/best.pt --class all --n 16 --out grid.png
       jemeval sample --model runs/digits/best.pt --init buffer --top-confident 10 --save samples.npz
+      jemeval sample --model runs/digits/best.pt --class all --n 1000 --nproc 2 --save samples.npz
     """
     result = sample_from_options(model_path, device, seed, **opts)
     samples = result.extra["samples"]

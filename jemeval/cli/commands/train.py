@@ -8,7 +8,8 @@ process at a time trains in a DIR (a lock file, see jemeval.training.rundir).
 
 Several processes (DistributedDataParallel): ``torchrun --nproc-per-node N -m jemeval train ...``,
 or ``jemeval train --nproc N ...``, which re-launches itself through ``torch.distributed.run`` with N
-processes on this machine (:mod:`jemeval.training.launch`; ``--batch-size`` stays the global batch).
+processes on this machine (:mod:`jemeval.runtime.launch`, checks in :mod:`jemeval.training.launch`;
+``--batch-size`` stays the global batch).
 
 The training code names its parameters in errors (``lr must be > 0``, ``resume=True``,
 ``nproc=4``); :func:`flag_text` writes them as this command's flags.
@@ -23,7 +24,7 @@ import click
 from click.core import ParameterSource
 
 from jemeval.cli.config import config_option, config_record, render_config
-from jemeval.cli.options import data_options, parse_ints
+from jemeval.cli.options import data_options, parse_ints, without_nproc
 
 
 @click.command("train")
@@ -122,9 +123,10 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
       jemeval train --config c.yaml --epochs 10     # every option from c.yaml, --epochs from here
     """
     # the training stack (torch) is imported when the command runs, not when the CLI starts
+    from jemeval.runtime.launch import launched_by_torchrun, relaunch
     from jemeval.training import train
     from jemeval.training.config import resolve_config, resume_from
-    from jemeval.training.launch import check_launch, launched_by_torchrun, relaunch
+    from jemeval.training.launch import check_launch
 
     if dataset is None and not print_config:
         raise click.UsageError("Missing argument 'DATASET': give it (jemeval train digits) or set 'dataset' in the "
@@ -137,7 +139,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
         return
     if nproc is not None and not launched_by_torchrun(nproc):
         check_launch(config, nproc)
-        sys.exit(relaunch(nproc, _without_nproc(sys.argv[1:])))
+        sys.exit(relaunch(nproc, without_nproc(sys.argv[1:])))
     summary = train(config).summary
     interrupted = summary["status"] == "interrupted"
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
@@ -182,19 +184,6 @@ def _config_title(config) -> str:
     return (f"jemeval train configuration ({config.dataset}; jemeval {__version__})\n"
             "run it: jemeval train --config FILE; an option given on the command line overrides the file;\n"
             "null leaves an option at its default; keys are the option names (- or _)")
-
-
-def _without_nproc(args: list[str]) -> list[str]:
-    """``args`` with ``--nproc N`` / ``--nproc=N`` removed."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            out.append(a)
-    return out
 
 
 def _plain(obj):

@@ -1,0 +1,95 @@
+"""``--nproc N``: the same command line again, in N processes on this machine, through
+``torch.distributed.run`` (gloo on CPU, nccl on CUDA with one GPU per process).
+
+Shared by ``jemeval train`` (DistributedDataParallel, :mod:`jemeval.training.launch` adds its own
+checks) and the evaluation commands (sharded by whole batches, :mod:`jemeval.runtime.shards`).
+Everything a worker would refuse about the processes themselves is checked first
+(:func:`check_nproc`), so a mistake is one line before any process starts; inside a worker the
+launch is not repeated (:func:`launched_by_torchrun`).
+
+Run as ``python -m jemeval.runtime.launch ARGS`` this module is ``torch.distributed.run`` itself,
+except that a worker's failure ends with that worker's own one-line error (the launcher adds no
+traceback of its own): what :func:`relaunch` starts.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import torch
+
+from jemeval.errors import UsageError
+from jemeval.runtime.distributed import available_cpus
+
+#: exit statuses of a worker that already said why in one line (click's: 1 error, 2 usage error)
+EXPLAINED_EXITS = (1, 2)
+
+
+def launched_by_torchrun(nproc: int | None) -> bool:
+    """True inside a torchrun worker (then ``nproc``, when given, must agree with its WORLD_SIZE)."""
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        return False
+    if nproc is not None and int(world) != nproc:
+        raise UsageError(f"nproc={nproc} disagrees with the launcher's WORLD_SIZE={world}: drop nproc under "
+                         "torchrun", param="nproc")
+    return True
+
+
+def check_nproc(nproc: int, device: torch.device) -> None:
+    """Refuse more local processes than there are devices for them, before any starts (one line):
+    one GPU each with nccl, one CPU core each with gloo (more only thrash and can exhaust memory)."""
+    if nproc < 1:
+        raise UsageError(f"nproc must be >= 1, got {nproc}", param="nproc")
+    if device.type == "cuda":
+        have = torch.cuda.device_count()
+        if nproc > have:
+            raise UsageError(f"nproc={nproc} needs one GPU per process but {have} GPU(s) are visible: use "
+                             f"nproc={have} or fewer, or device='cpu' for {nproc} gloo processes on CPU", param="nproc")
+        return
+    cores = available_cpus()
+    if nproc > cores:
+        raise UsageError(f"nproc={nproc} is more than the {cores} CPU core(s) available to gloo processes on CPU: "
+                         f"use nproc={cores} or fewer", param="nproc")
+
+
+def relaunch(nproc: int, args: list[str], command: str = "train") -> int:
+    """Run the command line ``args`` (``COMMAND ...``, without ``--nproc``) under
+    ``torch.distributed.run`` with ``nproc`` local processes; returns its exit status."""
+    if command not in args:
+        raise UsageError("nproc re-launches the command line and needs it: use torchrun "
+                         f"--nproc-per-node {nproc} -m jemeval {command} ... instead", param="nproc")
+    cmd = [sys.executable, "-m", "jemeval.runtime.launch", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "jemeval", *args]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // nproc)))
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:  # the workers got the signal too: they save what they must and stop
+        return 130
+
+
+def run_workers(argv: list[str]) -> int:
+    """``torch.distributed.run`` with ``argv``; the first failed worker's exit status, and one line
+    only when that worker could not say why itself (a crash or a signal, not a jemeval error)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its report is a traceback
+    parser = get_args_parser()
+    parser.allow_abbrev = False  # else the command's own --n would be taken for the launcher's --nnodes
+    try:
+        run(parser.parse_args(argv))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        if code not in EXPLAINED_EXITS:
+            print(f"Error: process {rank} of the launch ended with exit status {code}", file=sys.stderr)
+        return code if 0 < code < 256 else 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through relaunch in the slow tests
+    sys.exit(run_workers(sys.argv[1:]))

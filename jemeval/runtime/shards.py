@@ -1,0 +1,78 @@
+"""Evaluation on several processes: whole batches dealt out to the ranks, results gathered.
+
+An evaluation that runs batch by batch (attacks, OOD scores, SGLD chains) gives the same records in
+N processes as in one when two things hold, and this module provides both:
+
+* **The work is split by whole batches** (:func:`map_batches`): batch b runs on rank b mod N with
+  exactly the examples, batch size and BatchNorm statistics it has in a single process, and the
+  results come back in batch order on every rank.
+* **Every random stream depends on (seed, batch index) only** (:func:`batch_generator`), never on
+  how many batches a process ran before it. Batch 0 uses the seed itself, so a run that fits in one
+  batch keeps the numbers it had before streams were split by batch.
+
+Errors stop every rank (:func:`jemeval.runtime.distributed.raise_any`): a rank that fails in its
+batches still takes part in the exchange, so the others learn of it instead of waiting forever.
+Outside ``torchrun`` (or with one process) everything here is the single-process computation.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from jemeval.runtime import distributed as D
+
+T = TypeVar("T")
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(this process's rank, the number of processes): (0, 1) outside a process group."""
+    if not D.active():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def my_batches(n_batches: int) -> range:
+    """The batch indices this rank runs: b with b mod N == rank (every batch, in one process)."""
+    rank, world = rank_and_world()
+    return range(rank, n_batches, world)
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The seed of batch ``index``'s random streams: ``seed`` itself for batch 0, an unrelated
+    63-bit mix of (seed, index) for the others (so seed 1's batch 0 is not seed 0's batch 1)."""
+    return int(seed) if index == 0 else D._mix(seed, index, salt=0xBA7C4)
+
+
+def batch_generator(seed: int, index: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` for batch ``index`` (:func:`batch_seed`)."""
+    return torch.Generator(device=device).manual_seed(batch_seed(seed, index))
+
+
+def map_batches(fn: Callable[[int], T], n_batches: int) -> list[T]:
+    """``[fn(0), ..., fn(n_batches - 1)]`` on every rank, each rank computing only its own batches.
+
+    ``fn(b)`` must return something picklable with tensors on the CPU (it travels between ranks).
+    A collective: every rank must call it with the same ``n_batches``; an error in any rank's
+    ``fn`` is raised on every rank (after all of them finished or failed their batches).
+    """
+    mine = my_batches(n_batches)
+    results: list[Any] = []
+    error = None
+    try:
+        for b in mine:
+            results.append(fn(b))
+    except Exception as exc:  # noqa: BLE001 - raised on every rank by raise_any
+        error = exc
+    D.raise_any(error)
+    if mine.step == 1:
+        return results
+    return interleave(D.gather_objects(results), n_batches)
+
+
+def interleave(per_rank: list[list[T]], n_batches: int) -> list[T]:
+    """Batch order from the ranks' lists (rank r holds batches r, r + N, ...)."""
+    world = len(per_rank)
+    return [per_rank[b % world][b // world] for b in range(n_batches)]
