@@ -231,6 +231,8 @@ CLI_CASES = [
     ("train-overwrite-and-resume", "train digits --out done --overwrite --resume", "--overwrite"),
     ("train-missing-parent", "train digits --out missing/run", "does not exist"),
     ("train-nproc-above-cores", "train digits --out run --nproc 64 --device cpu", "--nproc 64"),
+    ("sample-nproc-above-cores", "sample --model m.pt --nproc 64 --device cpu", "--nproc 64 is more than the"),
+    ("sample-nproc-zero", "sample --model m.pt --nproc 0 --device cpu", CLICK),
     ("train-nan-images", "train npz:nan.npz --out run", "NaN or inf"),
     ("train-fractional-labels", "train npz:frac.npz --out run", "whole numbers"),
     # items 8-10: nothing silent, nothing executed

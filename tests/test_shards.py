@@ -1,0 +1,170 @@
+"""Evaluation on several processes (``--nproc N``): whole batches dealt out, results gathered, the
+records of one process; rank 0 alone prints and writes; an error anywhere is one line.
+
+The 2-process checks run real gloo process groups on CPU: :func:`map_batches` through
+``torch.multiprocessing`` (fast), the commands end to end through ``--nproc 2`` (torchrun; slow).
+The reference is always the same command with ``--nproc 1`` (one process, no process group).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from jemeval.cli.options import without_nproc
+from jemeval.errors import JemevalError, UsageError
+from jemeval.runtime import distributed as D
+from jemeval.runtime import shards
+from jemeval.runtime.launch import launched_by_torchrun
+
+
+# -- one process ------------------------------------------------------------------------------------
+def test_batch_streams_depend_on_seed_and_batch_only():
+    assert shards.batch_seed(5, 0) == 5  # a run that fits in one batch keeps its numbers
+    seeds = {shards.batch_seed(s, b) for s in range(4) for b in range(4)}
+    assert len(seeds) == 16  # seed 1's batch 0 is not seed 0's batch 1, and so on
+    a = torch.rand(3, generator=shards.batch_generator(2, 3))
+    assert torch.equal(a, torch.rand(3, generator=shards.batch_generator(2, 3)))
+    assert torch.equal(torch.rand(3, generator=shards.batch_generator(7, 0)),
+                       torch.rand(3, generator=torch.Generator().manual_seed(7)))
+
+
+def test_map_batches_in_one_process_is_the_plain_loop():
+    assert shards.rank_and_world() == (0, 1)
+    assert list(shards.my_batches(3)) == [0, 1, 2]
+    assert shards.map_batches(lambda b: b * b, 4) == [0, 1, 4, 9]
+    assert shards.map_batches(lambda b: b, 0) == []
+    with pytest.raises(UsageError, match="batch_size=3 is too small") as exc:
+        shards.map_batches(_fails_on_rank1, 5)
+    assert exc.value.param == "batch_size" and exc.value.shared
+
+
+def test_interleave_restores_batch_order():
+    assert shards.interleave([[0, 3, 6], [1, 4], [2, 5]], 7) == list(range(7))
+
+
+def test_without_nproc_and_the_torchrun_check(monkeypatch):
+    assert without_nproc(["sample", "--nproc", "2", "--n", "3", "--nproc=4", "--seed", "1"]) == \
+        ["sample", "--n", "3", "--seed", "1"]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not launched_by_torchrun(2) and not launched_by_torchrun(None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert launched_by_torchrun(None) and launched_by_torchrun(2)
+    with pytest.raises(UsageError, match="nproc=3 disagrees with the launcher's WORLD_SIZE=2"):
+        launched_by_torchrun(3)
+
+
+# -- two gloo processes -----------------------------------------------------------------------------
+def _batch(b: int) -> dict:
+    """A batch's 'result': random numbers from its own stream, as an evaluation batch draws them."""
+    return {"b": b, "x": torch.rand(2, generator=shards.batch_generator(11, b))}
+
+
+def _fails_on_rank1(b: int) -> int:
+    if b == 3:  # batch 3 runs on rank 1 of 2
+        raise UsageError("batch_size=3 is too small", param="batch_size")
+    return b
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    D.init_from_env(backend="gloo", env=env, timeout_s=60)
+    try:
+        report = {"mine": list(shards.my_batches(5)), "results": shards.map_batches(_batch, 5)}
+        try:
+            shards.map_batches(_fails_on_rank1, 5)
+        except JemevalError as exc:
+            report["error"] = (type(exc).__name__, str(exc), exc.param, exc.shared)
+        report["after"] = shards.map_batches(lambda b: -b, 3)  # the ranks are still in step
+        torch.save(report, f"{out}.{rank}")
+    finally:
+        D.destroy()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_give_the_batches_of_one(tmp_path):
+    out = str(tmp_path / "rank")
+    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    single = [_batch(b) for b in range(5)]
+    for rank in (0, 1):
+        report = torch.load(f"{out}.{rank}")
+        assert report["mine"] == [rank, rank + 2, rank + 4][: 3 - rank]
+        assert [r["b"] for r in report["results"]] == list(range(5))
+        assert all(torch.equal(r["x"], s["x"]) for r, s in zip(report["results"], single))
+        # the error of rank 1's batch is raised on both ranks, naming the same parameter
+        assert report["error"] == ("UsageError", "batch_size=3 is too small", "batch_size", True)
+        assert report["after"] == [0, -1, -2]
+
+
+# -- the commands, end to end -----------------------------------------------------------------------
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PYTHONWARNINGS="ignore")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    return env
+
+
+def jemeval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jemeval", *args], check=False, capture_output=True, text=True,
+                          env=_env(), timeout=240, cwd=cwd)
+
+
+def comparable(path: Path) -> dict:
+    """A JSON result without what may differ between runs: the provenance's time and process count."""
+    result = json.loads(path.read_text())
+    result["provenance"].pop("created", None)
+    assert result["provenance"].pop("processes", 2) == 2
+    return result
+
+
+def same_records(command: list[str], tmp_path: Path, out_flag: str = "--out") -> tuple[dict, dict]:
+    """Run ``command`` with --nproc 1 and --nproc 2; both results (JSON), checked equal."""
+    results = {}
+    for n in (1, 2):
+        folder = tmp_path / f"n{n}"
+        folder.mkdir()
+        res = jemeval(*command, out_flag, "result.json", "--nproc", str(n), cwd=folder)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr
+        results[n] = comparable(folder / "result.json")
+    assert results[2]["records"] == results[1]["records"]
+    assert results[2] == results[1]
+    return results[1], results[2]
+
+
+@pytest.mark.slow
+def test_sample_nproc_2_gives_the_samples_of_one_process(tmp_path, digits_jem_ckpt):
+    # 3 classes x 3 chains in batches of 2: 5 batches, the last one short, dealt to 2 ranks
+    command = ["sample", "--model", str(digits_jem_ckpt), "--class", "0,4,7", "--n", "3", "--steps", "3",
+               "--batch-size", "2", "--device", "cpu", "--seed", "4", "--save", "samples.npz", "--json"]
+    one, _ = same_records(command, tmp_path, out_flag="--result")
+    assert [r["n"] for r in one["records"]] == [3, 3, 3, 9]
+    a, b = (np.load(tmp_path / f"n{n}" / "samples.npz") for n in (1, 2))
+    assert (a["x"] == b["x"]).all() and (a["log_p_trace"] == b["log_p_trace"]).all()
+    assert sorted(p.name for p in (tmp_path / "n2").iterdir()) == ["result.json", "samples.npz"]
+
+
+@pytest.mark.slow
+def test_an_error_in_every_rank_is_one_line(tmp_path, digits_classifier_ckpt):
+    res = jemeval("sample", "--model", str(digits_classifier_ckpt), "--init", "buffer", "--n", "2", "--steps", "1",
+                  "--device", "cpu", "--nproc", "2", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.count("stores no replay buffer") == 1 and res.stderr.count("Error:") == 1
+    assert "set --init to 'noise'" in res.stderr
+
