@@ -42,6 +42,7 @@ def test_map_batches_in_one_process_is_the_plain_loop():
     assert list(shards.my_batches(3)) == [0, 1, 2]
     assert shards.map_batches(lambda b: b * b, 4) == [0, 1, 4, 9]
     assert shards.map_batches(lambda b: b, 0) == []
+    assert shards.map_items(lambda b, item: (b, item), "xyz") == [(0, "x"), (1, "y"), (2, "z")]
     with pytest.raises(UsageError, match="batch_size=3 is too small") as exc:
         shards.map_batches(_fails_on_rank1, 5)
     assert exc.value.param == "batch_size" and exc.value.shared
@@ -86,6 +87,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         except JemevalError as exc:
             report["error"] = (type(exc).__name__, str(exc), exc.param, exc.shared)
         report["after"] = shards.map_batches(lambda b: -b, 3)  # the ranks are still in step
+        report["items"] = shards.map_items(lambda b, item: (b, item, rank), iter("abcde"))
         torch.save(report, f"{out}.{rank}")
     finally:
         D.destroy()
@@ -110,6 +112,7 @@ def test_two_gloo_processes_give_the_batches_of_one(tmp_path):
         # the error of rank 1's batch is raised on both ranks, naming the same parameter
         assert report["error"] == ("UsageError", "batch_size=3 is too small", "batch_size", True)
         assert report["after"] == [0, -1, -2]
+        assert report["items"] == [(b, "abcde"[b], b % 2) for b in range(5)]  # every item, by its own rank
 
 
 # -- the commands, end to end -----------------------------------------------------------------------

@@ -3,7 +3,7 @@
 An evaluation that runs batch by batch (attacks, OOD scores, SGLD chains) gives the same records in
 N processes as in one when two things hold, and this module provides both:
 
-* **The work is split by whole batches** (:func:`map_batches`): batch b runs on rank b mod N with
+* **The work is split by whole batches** (:func:`map_batches`, :func:`map_items`): batch b runs on rank b mod N with
   exactly the examples, batch size and BatchNorm statistics it has in a single process, and the
   results come back in batch order on every rank.
 * **Every random stream depends on (seed, batch index) only** (:func:`batch_generator`), never on
@@ -16,7 +16,7 @@ Outside ``torchrun`` (or with one process) everything here is the single-process
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
@@ -58,18 +58,27 @@ def map_batches(fn: Callable[[int], T], n_batches: int) -> list[T]:
     A collective: every rank must call it with the same ``n_batches``; an error in any rank's
     ``fn`` is raised on every rank (after all of them finished or failed their batches).
     """
-    mine = my_batches(n_batches)
+    return map_items(lambda b, _: fn(b), range(n_batches))
+
+
+def map_items(fn: Callable[[int, Any], T], items: Iterable[Any]) -> list[T]:
+    """``[fn(b, item) for b, item in enumerate(items)]`` on every rank, each rank computing only its
+    own batches (b mod N == rank) and passing over the others' items (``items`` is read on every
+    rank, e.g. a dataset's batches in order). Otherwise as :func:`map_batches`."""
+    rank, world = rank_and_world()
     results: list[Any] = []
-    error = None
+    error, count = None, 0
     try:
-        for b in mine:
-            results.append(fn(b))
+        for b, item in enumerate(items):
+            count += 1
+            if b % world == rank:
+                results.append(fn(b, item))
     except Exception as exc:  # noqa: BLE001 - raised on every rank by raise_any
         error = exc
     D.raise_any(error)
-    if mine.step == 1:
+    if world == 1:
         return results
-    return interleave(D.gather_objects(results), n_batches)
+    return interleave(D.gather_objects(results), count)
 
 
 def interleave(per_rank: list[list[T]], n_batches: int) -> list[T]:
