@@ -209,6 +209,10 @@ LAYERS = [
     ("jemeval.evaluation", "jemeval.training"),
     # evaluation computes and returns data; drawing it is the command line's job
     ("jemeval.evaluation", "jemeval.plots"),
+    # reports sit above evaluation and plots: nothing below them reaches up
+    ("jemeval.evaluation", "jemeval.reports"),
+    ("jemeval.training", "jemeval.reports"),
+    ("jemeval.plots", "jemeval.reports"),
 ]
 
 
