@@ -120,8 +120,8 @@ def check_options(section: str, options: Mapping[str, Any]) -> None:
     params = [p for p in inspect.signature(FUNCTIONS[section]).parameters if p not in RESERVED]
     for key in options:
         if key not in params:
-            raise UsageError(f"{section} has no option {key!r}{did_you_mean(key, params)}; its options: "
-                             f"{', '.join(params)}", param="options")
+            raise UsageError(f"{section} has no option {key!r}{did_you_mean(key, params)}; it takes: "
+                             f"{', '.join(map(repr, params))}", param="options")
 
 
 def resolve_options(*, preset: str, sections: Sequence[str], dataset: str, overrides: Mapping[str, Any],
@@ -130,7 +130,9 @@ def resolve_options(*, preset: str, sections: Sequence[str], dataset: str, overr
     check_choice(preset, tuple(PRESETS), "preset")
     options = dict(options or {})
     for section in options:
-        check_choice(section, SECTIONS, "options")
+        if section not in SECTIONS:
+            raise UsageError(f"unknown section {section!r} in options{did_you_mean(section, SECTIONS)}; choose from "
+                             f"{', '.join(SECTIONS)}", param="options")
     resolved: dict[str, dict[str, Any]] = {}
     for section in sections:
         chosen = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset][section].items()}

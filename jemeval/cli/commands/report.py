@@ -80,7 +80,7 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 @click.option("--norm", default=None, help="Robust threat model(s): l2, linf or l2,linf (one attack run each).")
 @click.option("--epsilons", default=None, help="Robust epsilons in [0, 1] pixel units, e.g. 0,0.5,1.")
 @click.option("--attack", "attacks", default=None, help="Robust attack(s), e.g. pgd or pgd:steps=100,restarts=5.")
-@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE",
+@click.option("--set", "options", multiple=True, metavar="SECTION.KEY=VALUE",
               help="Any other option of a section's function, e.g. robust.grad_mode=bpda, samples.steps=200, "
                    "ood.bootstrap=200; repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json (records + provenance) on stdout.")
@@ -88,7 +88,7 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 @device_option
 @data_options
 def cli(models, names, preset, sections, out, force, data, n, input_sigma, refine_steps, ood, scores, norm, epsilons,
-        attacks, settings, as_json, seed, device, data_root, download):
+        attacks, options, as_json, seed, device, data_root, download):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
 
     \b
@@ -114,7 +114,7 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, refin
         norm=None if norm is None else split_list(norm, "--norm"),
         epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
         attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
-        download=download, options=parse_set(settings), device=resolve_device(device), progress=progress(),
+        download=download, options=parse_set(options), device=resolve_device(device), progress=progress(),
     )
     if as_json:
         click.echo(result.to_json())
