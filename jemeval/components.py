@@ -1,4 +1,4 @@
-"""The shapes of metrics and attacks (scores and models are fixed by README.md's conventions).
+"""The shapes of metrics, attacks and training loggers (scores and models are fixed by README.md's conventions).
 
 Metrics
 -------
@@ -42,6 +42,25 @@ the base interface works unchanged):
 
 The caller seeds torch and numpy before every attack call, freezes the model's parameters, and
 validates the output (shape, [-1, 1], each epsilon ball) before re-classifying it.
+
+Training loggers
+----------------
+A logger factory is registered by name (``register_loggers``) and called once per run, on the
+process that writes files (rank 0), as ``factory(log_dir, config, **options)``: ``log_dir`` is a
+folder of the run (``<out>/<name>``, not created: the logger creates it if it needs it), ``config``
+the run's settings (plain data), ``options`` what the spec gives (``wandb:project=jem``). A factory
+may have ``check(**options)`` (a classmethod), called while the settings are validated, before any
+file is written: it raises a one-line error when, say, the package it needs is missing. The object
+it returns has the methods of :class:`TrainingLogger` (any may be left out):
+
+* ``log_scalars(values, step)``: ``{"train/loss": 0.41, ...}`` every ``log_every`` iterations and
+  ``{"epoch/val_acc": 0.97, ...}`` after each epoch; ``step`` is the global iteration;
+* ``log_image(tag, image, step)``: each epoch's sample grids, ``image`` a 3 x H x W float tensor in
+  [0, 1] (``torchvision.utils.make_grid``'s layout);
+* ``close()``: at the end of the run (also after an error or a stop).
+
+A logger that raises is dropped with one line on stderr; the run goes on (metrics.csv keeps every
+number).
 """
 from __future__ import annotations
 
@@ -74,3 +93,17 @@ def metric_task(obj) -> str | None:
 def pixel_to_model_scale(eps: float) -> float:
     """Epsilon in [0, 1] pixel units -> the same size in the [-1, 1] model input space."""
     return 2.0 * float(eps)
+
+
+class TrainingLogger:
+    """A training logger that does nothing: subclass it and override what your sink records
+    (see "Training loggers" above)."""
+
+    def log_scalars(self, values: dict[str, float], step: int) -> None:
+        """Scalars of one step: ``train/<name>`` every ``log_every`` iterations, ``epoch/<name>`` per epoch."""
+
+    def log_image(self, tag: str, image, step: int) -> None:
+        """An image, 3 x H x W floats in [0, 1]: the grids ``samples/buffer`` and ``samples/conditional``."""
+
+    def close(self) -> None:
+        """The run has ended (completed, stopped or failed): flush and release what the logger holds."""

@@ -55,6 +55,12 @@ def register_checkpoint_layouts(register):
 
 
 @hookspec
+def register_loggers(register):
+    """Register training loggers: ``obj(log_dir, config, **options)`` returning an object with ``log_scalars(values,
+    step)``, ``log_image(tag, image, step)`` and ``close()`` (:class:`jemeval.components.TrainingLogger`)."""
+
+
+@hookspec
 def register_commands(cli):
     """Add click commands to the ``jemeval`` group: ``@cli.command()``, ``cli.add_command(cmd)`` or
     ``cli.add_lazy_command(name, "module:attr")`` (imported only when listed or run)."""

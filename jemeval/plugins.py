@@ -44,6 +44,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.metrics",
     "jemeval.builtins.attacks",
     "jemeval.builtins.layouts",
+    "jemeval.builtins.loggers",
 )
 #: the built-in plugin that adds jemeval's own commands through ``register_commands``, imported when
 #: the command line first lists or looks up a command

@@ -98,3 +98,45 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path):
     with pytest.raises(RuntimeError, match="some bug"):
         write_atomic(tmp_path / "x", broken)
     assert os.listdir(tmp_path) == []
+
+
+def test_new_file_gets_the_umask_permissions_without_touching_the_umask(tmp_path, monkeypatch):
+    """The temporary file is created like open() creates one; the process-wide umask is never changed
+    (a umask round trip races with other threads creating files)."""
+    old = os.umask(0o027)
+    try:
+        def refuse(*args):
+            raise AssertionError("os.umask called")
+
+        monkeypatch.setattr(os, "umask", refuse)
+        path = write_text_atomic(tmp_path / "r.json", "x")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o640
+
+
+def test_folder_is_fsynced_after_the_rename(tmp_path, monkeypatch):
+    import stat
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(
+        "fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("rename"), real_replace(a, b))[1])
+    write_text_atomic(tmp_path / "r.json", "x")
+    assert events == ["fsync file", "rename", "fsync folder"]
+
+
+def test_temp_name_never_follows_an_existing_file(tmp_path, monkeypatch):
+    """A name that is taken (or a planted symlink) is skipped, not opened."""
+    from jemeval import atomic
+
+    names = iter(["a" * 8, "b" * 8])
+    monkeypatch.setattr(atomic, "_random_name", lambda: next(names))
+    decoy = tmp_path / "elsewhere"
+    decoy.write_text("keep")
+    (tmp_path / ".r.json.aaaaaaaa.tmp").symlink_to(decoy)
+    path = atomic.write_text_atomic(tmp_path / "r.json", "x")
+    assert path.read_text() == "x" and decoy.read_text() == "keep"
+    assert atomic.stale_temp_files(tmp_path, r"r\.json") == [tmp_path / ".r.json.aaaaaaaa.tmp"]

@@ -193,3 +193,17 @@ def test_temperature_fitted_on_the_trainers_held_out_split(digits_classifier_ckp
 
     assert training_split_indices is split_indices
     assert len(split_indices(1347, 150, 1234)[1]) == 150
+
+
+def test_softmax64_and_temperature_nll_match_hand_computation():
+    from jemeval.evaluation.calibration import temperature_nll
+
+    logits = np.array([[1000.0, 0.0, -1000.0], [2.0, 1.0, 0.0]])  # huge logits: no overflow, no log(0)
+    p = softmax64(logits, 2.0)
+    e = np.exp(np.array([1.0, 0.5, 0.0]))
+    np.testing.assert_allclose(p[1], e / e.sum(), rtol=1e-15)
+    np.testing.assert_allclose(p[0], [1.0, np.exp(-500.0), 0.0], rtol=1e-12, atol=0)
+    assert p.dtype == np.float64 and np.allclose(p.sum(1), 1.0)
+    # label 2 of row 0 is a confident mistake: -log p = (500 + 500) + log(1 + e^-500 + e^-1000) exactly
+    expected = ((1000.0 + np.log1p(np.exp(-500.0))) + (np.log(e.sum()) - 0.5)) / 2
+    assert temperature_nll(logits, np.array([2, 1]), 2.0) == pytest.approx(expected, rel=1e-12)

@@ -101,5 +101,5 @@ def test_plugins_lists_what_each_plugin_added_under_every_hook():
 
 def test_list_shows_every_kind_including_checkpoint_layouts():
     listing = json.loads(run("list", "--json").output)
-    assert list(listing) == ["model", "dataset", "score", "metric", "attack", "checkpoint_layout"]
+    assert list(listing) == ["model", "dataset", "score", "metric", "attack", "checkpoint_layout", "logger"]
     assert {c["name"]: c["plugin"] for c in listing["checkpoint_layout"]}["jem-release"] == "jemeval.builtins.layouts"

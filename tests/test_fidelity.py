@@ -291,3 +291,98 @@ def test_ref_n_errors_name_the_parameter_and_the_flag(digits_classifier_ckpt):
                                  "--steps", "1"])
     assert r.exit_code == 2 and "'--ref-n'" in r.output and "'--n'" not in r.output, r.output
     assert "SGLD" not in r.output, r.output
+
+
+# -- torch-fidelity's other metrics, other extractors, cached reference features (issue 17) ------------
+@pytest.fixture
+def small_inception(no_download, monkeypatch):
+    # 75 x 75 is InceptionV3's smallest input; it keeps these CPU tests short (299 in real use)
+    monkeypatch.setattr(no_download.FeatureExtractorInceptionV3, "INPUT_IMAGE_SIZE", 75)
+    return no_download
+
+
+def _images(n, seed):
+    return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+@pytest.mark.slow
+def test_metrics_equal_torch_fidelitys_own_pipeline(small_inception, random_inception_weights):
+    """jemeval runs torch-fidelity's extractor and metric functions itself (to cache reference
+    features); the numbers are those of torch_fidelity.calculate_metrics on the same inputs."""
+    import torch_fidelity
+
+    from jemeval.evaluation.inception import Uint8Images, verified_weights
+
+    x, ref = _images(12, 0), _images(10, 1)
+    res = fidelity(x, ref, inception_weights=random_inception_weights, feature_extractor="inception-v3-compat",
+                   metrics="is,fid,kid,precision,recall,f_score", seed=3, kid_subset_size=8)
+    ours = {r["metric"]: r["value"] for r in res.records}
+    info = check_inception_weights(random_inception_weights)
+    theirs = torch_fidelity.calculate_metrics(
+        input1=Uint8Images(x), input2=Uint8Images(ref), cuda=False, isc=True, fid=True, kid=True, prc=True,
+        feature_extractor="inception-v3-compat", feature_extractor_weights_path=verified_weights(info),
+        kid_subset_size=8, rng_seed=3, cache=False, verbose=False, save_cpu_ram=True)
+    assert ours["is"] == pytest.approx(theirs["inception_score_mean"], rel=1e-9)
+    assert ours["fid"] == pytest.approx(theirs["frechet_inception_distance"], rel=1e-9)
+    assert ours["kid"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-9, abs=1e-12)
+    assert (ours["precision"], ours["recall"], ours["f_score"]) == pytest.approx(
+        (theirs["precision"], theirs["recall"], theirs["f_score"]))
+    assert {r["features"] for r in res.records} == {"inception-v3-compat"}
+    inc = res.provenance["settings"]["inception"]
+    assert inc["layers"] == {"is": "logits_unbiased", "fid": "2048", "kid": "2048", "precision": "2048",
+                             "recall": "2048", "f_score": "2048"}
+
+
+@pytest.mark.slow
+def test_reference_features_are_cached_and_checked(small_inception, random_inception_weights, tmp_path,
+                                                   monkeypatch):
+    from jemeval.evaluation import extractors
+
+    x, ref, cache = _images(8, 0), _images(9, 1), tmp_path / "ref.npz"
+    first = fidelity(x, ref, inception_weights=random_inception_weights, metrics="fid,kid", ref_cache=cache,
+                     kid_subset_size=6)
+    assert cache.exists() and first.provenance["settings"]["ref_cache"]["written"]
+    seen = []
+    real = extractors._features
+    monkeypatch.setattr(extractors, "_features", lambda net, images, *a: (seen.append(len(images)),
+                                                                          real(net, images, *a))[1])
+    again = fidelity(x, ref, inception_weights=random_inception_weights, metrics="fid,kid", ref_cache=cache,
+                     kid_subset_size=6)
+    assert seen == [8]  # the samples only: the 9 reference images came from the file
+    assert [r["value"] for r in again.records] == [r["value"] for r in first.records]
+    assert again.provenance["settings"]["ref_cache"]["used"] == ["inception-v3-compat"]
+    with np.load(cache, allow_pickle=False) as data:  # plain arrays and a JSON string
+        assert set(data.files) == {"meta", "inception-v3-compat/2048"}
+    with pytest.raises(UsageError, match="holds the features of other reference images"):
+        fidelity(x, _images(9, 2), inception_weights=random_inception_weights, metrics="fid", ref_cache=cache)
+    other = tmp_path / "other.pth"
+    torch.save({k: v + 0 for k, v in torch.load(random_inception_weights, weights_only=True).items()}, other)
+    other.write_bytes(other.read_bytes())  # new bytes, new sha256
+    with pytest.raises(UsageError, match="holds inception-v3-compat features of other weights"):
+        fidelity(x, ref, inception_weights=other, metrics="fid", ref_cache=cache)
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    with pytest.raises(UsageError, match="is not a reference-features file written by jemeval"):
+        fidelity(x, ref, inception_weights=random_inception_weights, metrics="fid", ref_cache=tmp_path / "junk.npz")
+
+
+def test_vgg16_weights_are_verified_and_handed_over_in_memory(no_download, tmp_path, monkeypatch):
+    """precision/recall run on VGG16; its weights file goes through the same check as Inception's."""
+    monkeypatch.delenv("JEMEVAL_VGG16_WEIGHTS", raising=False)
+    x = _images(6, 0)
+    with pytest.raises(UsageError, match="precision/recall .*need torch-fidelity's VGG16 weights.*give it as "
+                                         "vgg16_weights") as info:
+        fidelity(x, x, metrics="precision,recall")
+    assert info.value.param == "vgg16_weights"
+    stand_in = tmp_path / "vgg.pth"
+    torch.save({"features.0.weight": torch.randn(64, 3, 3, 3), "classifier.6.weight": torch.randn(1000, 4096)},
+               stand_in)
+    with pytest.raises(CheckpointError, match=r"could not use the VGG16 weights .*vgg\.pth.*Missing key"):
+        fidelity(x, x, metrics="recall", vgg16_weights=stand_in)
+    _stand_in_weights(tmp_path / "inception.pth")  # Inception's tensors are not VGG16's
+    with pytest.raises(CheckpointError, match="not torch-fidelity's VGG16"):
+        fidelity(x, x, metrics="precision", vgg16_weights=tmp_path / "inception.pth")
+    with pytest.raises(UsageError, match="loads its weights as code"):
+        fidelity(x, x, metrics="fid", feature_extractor="clip-vit-b-32")
+    r = CliRunner().invoke(cli, ["fidelity", "--samples", str(tmp_path / "s.npz"), "--metrics", "precision",
+                                 "--ref-cache", str(tmp_path / "c.txt")])
+    assert r.exit_code == 2 and "--ref-cache must be a .npz file" in r.output

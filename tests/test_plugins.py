@@ -46,7 +46,7 @@ def test_builtins_are_ordinary_plugins():
 
 
 def test_kinds_are_derived_from_the_hookspecs(monkeypatch):
-    assert registry.KINDS == ("model", "dataset", "score", "metric", "attack", "checkpoint_layout")
+    assert registry.KINDS == ("model", "dataset", "score", "metric", "attack", "checkpoint_layout", "logger")
     assert registry.HOOKS["checkpoint_layout"] == "register_checkpoint_layouts"
     assert "command" not in registry.KINDS  # register_commands(cli) takes no `register`: not a kind
 

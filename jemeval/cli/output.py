@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from jemeval.cli.config import config_record, resolved_options
 from jemeval.cli.paths import output_path_option
 from jemeval.progress import StderrProgress
 
@@ -63,8 +64,19 @@ def output_options(fn=None, *, result_flag: str = "--out", result_help: str | No
     return deco(fn) if fn is not None else deco
 
 
+def record_config(result) -> None:
+    """Add the config file the running command read (:mod:`jemeval.cli.config`) and the option
+    values it ran with to ``result.provenance["config"]``; nothing when no file was read."""
+    ctx = click.get_current_context(silent=True)
+    record = config_record(ctx)
+    if record is not None and ctx is not None and "config" not in result.provenance:
+        result.provenance["config"] = {**record, "options": resolved_options(ctx)}
+
+
 def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=None, columns=None, title=None):
-    """Print a :class:`~jemeval.results.Result` and save the requested files."""
+    """Print a :class:`~jemeval.results.Result` and save the requested files. A command run with
+    ``--config FILE`` records the file and every resolved option in ``provenance["config"]``."""
+    record_config(result)
     if out_path:
         result.save_json(out_path)
         click.echo(f"wrote {out_path}", err=True)

@@ -162,9 +162,18 @@ def dataset_files(spec: str) -> list[Path]:
 
 
 def checkpoint_dataset(path: str) -> str | None:
-    """The dataset a checkpoint records, read lazily (memory-mapped, tensors only); None when unreadable."""
-    import torch
+    """The dataset a checkpoint records, read lazily (memory-mapped, tensors only; a safetensors file's
+    JSON header); None when unreadable."""
+    import torch  # torch and the formats only when a command runs, never for --help
 
+    from jemeval.formats.safetensors import is_safetensors, read_header
+
+    if is_safetensors(path):
+        try:
+            dataset = read_header(path).get("dataset")
+        except JemevalError:  # the real load says why
+            return None
+        return dataset if isinstance(dataset, str) else None
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - not a zip checkpoint, missing, refused: the real load says why

@@ -46,11 +46,21 @@ DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20
 
 
 def softmax64(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Softmax in float64 (so confidences near 1 keep their resolution)."""
+    """Softmax of logits / T in float64 (so confidences near 1 keep their resolution), by
+    ``scipy.special.softmax`` (max-shifted, overflow-safe)."""
+    from scipy.special import softmax
+
+    return softmax(np.asarray(logits, dtype=np.float64) / float(temperature), axis=1)
+
+
+def temperature_nll(logits: np.ndarray, labels: np.ndarray, temperature: float) -> float:
+    """Mean negative log-likelihood of ``labels`` under softmax(logits / T), float64, by
+    ``scipy.special.logsumexp`` (no probability is formed, so no log(0) for confident mistakes)."""
+    from scipy.special import logsumexp
+
     z = np.asarray(logits, dtype=np.float64) / float(temperature)
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    y = np.asarray(labels, dtype=np.int64)
+    return float((logsumexp(z, axis=1) - z[np.arange(len(y)), y]).mean())
 
 
 def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int) -> list[dict[str, Any]]:
@@ -106,10 +116,7 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
     lo, hi = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
 
     def nll(log_t: float) -> float:
-        scaled = z / np.exp(log_t)
-        m = scaled.max(axis=1, keepdims=True)
-        log_norm = m[:, 0] + np.log(np.exp(scaled - m).sum(axis=1))
-        return float((log_norm - scaled[np.arange(len(y)), y]).mean())
+        return temperature_nll(z, y, float(np.exp(log_t)))
 
     best = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10, "maxiter": 1000})
     # Brent never evaluates the end points themselves; a monotone NLL has its minimum there

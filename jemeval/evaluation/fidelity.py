@@ -1,9 +1,11 @@
-"""Sample quality: Frechet distances in any model's feature space, and IS / FID / KID.
+"""Sample quality: Frechet distances in any model's feature space, and IS / FID / KID / precision / recall.
 
 Two families of numbers, because the published ones cannot be reproduced everywhere:
 
-* **Inception Score, FID and KID** through torch-fidelity with local, verified Inception weights
-  (:mod:`jemeval.evaluation.inception`); on 8 x 8 digits these numbers say little (a note says so).
+* **Inception Score, FID, KID and precision/recall** through torch-fidelity with local, verified
+  weights (InceptionV3; VGG16 for precision/recall; :mod:`jemeval.evaluation.inception`), reference
+  features optionally cached (:mod:`jemeval.evaluation.extractors`); on 8 x 8 digits these numbers
+  say little (a note says so).
 * **A Frechet distance in the feature space of any jemeval checkpoint** (``features``):
   the input of the network's final Linear layer (its penultimate features). It works offline and
   on small images such as digits, and :func:`frechet_distance` is plain numpy.
@@ -27,12 +29,14 @@ from jemeval.data import load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.batching import prepare_model
+from jemeval.evaluation.extractors import LIBRARY_METRICS, library_metrics, metric_extractors
 from jemeval.evaluation.inception import (
+    EXTRACTORS,
     INCEPTION_FILE,
     INCEPTION_METRICS,
     WEIGHTS_ENV,
+    check_extractor_weights,
     check_inception_weights,
-    inception_metrics,
     inception_notes,
     require_torch_fidelity,
     to_uint8_rgb,
@@ -41,13 +45,10 @@ from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.runtime.devices import resolve_device
 
-__all__ = ["INCEPTION_FILE", "METRICS", "WEIGHTS_ENV", "check_inception_weights", "fidelity", "frechet_distance",
-           "require_torch_fidelity", "to_uint8_rgb"]
+__all__ = ["INCEPTION_FILE", "INCEPTION_METRICS", "METRICS", "WEIGHTS_ENV", "check_inception_weights", "fidelity",
+           "frechet_distance", "require_torch_fidelity", "to_uint8_rgb"]
 
-METRICS = (*INCEPTION_METRICS, "fd")
-#: how images reach InceptionV3 (by whether they are gray), for the provenance
-INCEPTION_INPUT = {True: {"resized_to": [299, 299], "channels": "gray repeated to RGB"},
-                   False: {"resized_to": [299, 299], "channels": "RGB"}}
+METRICS = (*LIBRARY_METRICS, "fd")
 
 
 # -- Frechet distance --------------------------------------------------------------------------
@@ -131,7 +132,8 @@ def features_fd(features_model: EnergyModel, samples: torch.Tensor, reference: t
 def resolve_metrics(metrics: str | Sequence[str] | None, *, have_features: bool,
                     have_weights: bool) -> tuple[list[str], list[str]]:
     """The metrics to compute and notes. Default: IS/FID/KID (+ fd with ``features``); with
-    ``features`` and no Inception weights, only fd (with a note) instead of an error."""
+    ``features`` and no Inception weights, only fd (with a note) instead of an error. Also
+    precision, recall, f_score (torch-fidelity's precision/recall, on VGG16 features)."""
     notes = []
     if metrics is None:
         chosen = list(INCEPTION_METRICS) + (["fd"] if have_features else [])
@@ -191,6 +193,9 @@ def fidelity(
     seed: int = 0,
     kid_subset_size: int = 1000,
     isc_splits: int = 10,
+    feature_extractor: str | None = None,
+    vgg16_weights: str | os.PathLike | None = None,
+    ref_cache: str | os.PathLike | None = None,
 ) -> Result:
     """Score generated samples against a reference dataset; one record per (metric, features).
 
@@ -198,19 +203,26 @@ def fidelity(
     an N x C x H x W tensor in [-1, 1], or a ``.npz`` written by ``Samples.save_npz``. ``reference``:
     a dataset spec (default: the generating model's dataset), a Dataset or a tensor. ``features``:
     checkpoint path(s) or EnergyModel(s) for the Frechet distance ``fd``. ``inception_weights``
-    defaults to ``$JEMEVAL_INCEPTION_WEIGHTS``. ``device`` defaults to the CPU.
+    defaults to ``$JEMEVAL_INCEPTION_WEIGHTS``, ``vgg16_weights`` (precision/recall) to
+    ``$JEMEVAL_VGG16_WEIGHTS``. ``feature_extractor`` (inception-v3-compat or vgg16) moves FID, KID
+    and precision/recall onto one network; ``ref_cache`` (.npz) keeps the reference features for
+    the next run (:mod:`jemeval.evaluation.extractors`). ``device`` defaults to the CPU.
     """
     device = resolve_device(device or "cpu")
-    inception_weights = inception_weights or os.environ.get(WEIGHTS_ENV) or None
+    paths = {"inception-v3-compat": inception_weights or os.environ.get(WEIGHTS_ENV) or None,
+             "vgg16": vgg16_weights or os.environ.get(EXTRACTORS["vgg16"].env) or None}
     feature_models = [] if features is None else (list(features) if isinstance(features, (list, tuple)) else [features])
-    chosen, notes = resolve_metrics(metrics, have_features=bool(feature_models), have_weights=bool(inception_weights))
+    chosen, notes = resolve_metrics(metrics, have_features=bool(feature_models), have_weights=bool(paths[
+        "inception-v3-compat"]))
+    library = [m for m in chosen if m in LIBRARY_METRICS]
+    weights = {name: check_extractor_weights(paths[name], name) for name in metric_extractors(library,
+                                                                                              feature_extractor)}
+    if weights:
+        require_torch_fidelity()
     x, origin = samples_and_origin(samples)
     reference = reference if reference is not None else origin.get("dataset")
     if reference is None:
         raise UsageError("no reference dataset: give reference=DATASET (e.g. digits)", param="reference")
-    weights = check_inception_weights(inception_weights) if set(chosen) & set(INCEPTION_METRICS) else None
-    if weights is not None:
-        require_torch_fidelity()
     ref_x, ref_info = (reference_images(reference, ref_split, ref_n, seed, data_root)
                        if any(m != "is" for m in chosen) else (None, None))
     if ref_x is not None and tuple(ref_x.shape[1:]) != tuple(x.shape[1:]):
@@ -218,14 +230,13 @@ def fidelity(
     records: list[dict[str, Any]] = []
     settings: dict[str, Any] = {"metrics": chosen, "samples": origin, "n_samples": len(x), "reference": ref_info,
                                 "image_shape": list(x.shape[1:])}
-    if weights is not None:
-        wanted = [m for m in chosen if m in INCEPTION_METRICS]
-        values, lib = inception_metrics(x, ref_x, weights, metrics=wanted, batch_size=min(batch_size, 64),
-                                        device=device, seed=seed, isc_splits=isc_splits,
-                                        kid_subset_size=kid_subset_size)
-        records += inception_records(values, len(x), ref_x)
-        settings["inception"] = {"weights": weights, **lib, **INCEPTION_INPUT[x.shape[1] == 1]}
-        notes += inception_notes(x, weights)
+    if library:
+        found, lib = library_metrics(x, ref_x, metrics=library, weights=weights, feature_extractor=feature_extractor,
+                                     batch_size=min(batch_size, 64), device=device, seed=seed, isc_splits=isc_splits,
+                                     kid_subset_size=kid_subset_size, ref_cache=ref_cache, ref_info=ref_info)
+        records += [{**r, "n_samples": len(x), "n_ref": None if r["metric"] == "is" else len(ref_x)} for r in found]
+        settings.update(library_settings(lib, x))
+        notes += [n for w in weights.values() for n in inception_notes(x, w)]
     if "fd" in chosen:
         settings["features"] = []
         for fm in feature_models:
@@ -237,11 +248,16 @@ def fidelity(
                   extra={"settings": settings}, notes=notes)
 
 
-def inception_records(values: dict[str, tuple[float, float | None]], n_samples: int,
-                      ref_x: torch.Tensor | None) -> list[dict[str, Any]]:
-    """One record per Inception metric (IS has no reference)."""
-    return [{"metric": m, "value": value, "std": std, "features": "inception-v3-compat", "n_samples": n_samples,
-             "n_ref": None if m == "is" else len(ref_x)} for m, (value, std) in values.items()]
+def library_settings(lib: dict[str, Any], x: torch.Tensor) -> dict[str, Any]:
+    """The provenance of the torch-fidelity metrics: one entry per network (``inception``, ``vgg16``)
+    with its weights, layers, input size and the library's options."""
+    common = {k: v for k, v in lib.items() if k not in EXTRACTORS and k != "ref_cache"}
+    channels = "gray repeated to RGB" if x.shape[1] == 1 else "RGB"
+    out = {("inception" if name == "inception-v3-compat" else name): {**common, **lib[name], "channels": channels}
+           for name in EXTRACTORS if name in lib}
+    if "ref_cache" in lib:
+        out["ref_cache"] = lib["ref_cache"]
+    return out
 
 
 def feature_record(model: EnergyModel, x: torch.Tensor, ref_x: torch.Tensor, origin: dict[str, Any],

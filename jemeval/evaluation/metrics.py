@@ -79,6 +79,26 @@ def fpr95(id_scores, ood_scores) -> float:
     return float(np.mean(ood_scores >= threshold))
 
 
+def roc_points(id_scores, ood_scores) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rate, true positive rate) of the ROC curve, in-distribution positive: the
+    trapezoids under these points are exactly :func:`auroc` (scikit-learn's ``roc_curve``)."""
+    from sklearn.metrics import roc_curve
+
+    labels, scores = _labels_scores(id_scores, ood_scores)
+    fpr, tpr, _ = roc_curve(labels, scores)
+    return fpr, tpr
+
+
+def pr_points(id_scores, ood_scores) -> tuple[np.ndarray, np.ndarray]:
+    """(recall, precision) of the precision-recall curve, in-distribution positive; the step
+    function through them (precision held from each recall to the next) has area :func:`aupr_in`."""
+    from sklearn.metrics import precision_recall_curve
+
+    labels, scores = _labels_scores(id_scores, ood_scores)
+    precision, recall, _ = precision_recall_curve(labels, scores)
+    return recall, precision
+
+
 # -- calibration ---------------------------------------------------------------------------------
 DEFAULT_BINS = 20
 

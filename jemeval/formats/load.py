@@ -1,6 +1,7 @@
 """Loading a model from any checkpoint jemeval reads: its own format or a known foreign layout.
 
-``load_model(path)`` reads the file safely (:func:`jemeval.formats.native.read_checkpoint`), builds
+``load_model(path)`` reads the file safely (:func:`jemeval.formats.native.read_checkpoint`, or
+:func:`jemeval.formats.safetensors.read_safetensors` for a ``.safetensors`` export), builds
 the architecture the file names (jemeval's format, its options allow-listed) or a registered layout
 recognises in it (:mod:`jemeval.formats.foreign`), loads the weights and records the file's SHA-256
 for provenance.
@@ -18,6 +19,8 @@ from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError, UnknownNameError, UsageError
 from jemeval.formats.foreign import foreign_model, identify_foreign, unknown_layout_error
 from jemeval.formats.native import FORMAT, FORMAT_VERSION, is_jemeval_checkpoint, load_state, read_checkpoint
+from jemeval.formats.safetensors import FORMAT as SAFETENSORS_FORMAT
+from jemeval.formats.safetensors import is_safetensors, read_safetensors
 from jemeval.plugins import get_registry
 from jemeval.provenance import file_sha256
 from jemeval.registry import accepted_options
@@ -103,9 +106,14 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> EnergyModel:
-    """Load a model, in eval mode, from a jemeval checkpoint or a file in a registered foreign layout
-    (JEM release, JEM++, SADA-JEM, a plugin's); layouts that are not one torch file need ``jemeval convert``."""
-    obj = read_checkpoint(path, map_location="cpu")
-    model = model_from_checkpoint(obj, str(path), device)
+    """Load a model, in eval mode, from a jemeval checkpoint, a ``.safetensors`` file written by
+    ``jemeval export`` or a file in a registered foreign layout (JEM release, JEM++, SADA-JEM, a
+    plugin's); layouts that are not one torch file need ``jemeval convert``."""
+    if is_safetensors(path):
+        obj = read_safetensors(path)
+        model = model_from_checkpoint(obj, str(path), device)
+        model.metadata.update(source_format=SAFETENSORS_FORMAT, classes=obj.get("classes"))
+    else:
+        model = model_from_checkpoint(read_checkpoint(path, map_location="cpu"), str(path), device)
     model.metadata.setdefault("checkpoint", {"path": str(path), "sha256": file_sha256(path)})
     return model

@@ -1,4 +1,7 @@
-"""Image grids: samples one row per class, distal adversarials one row per target; pixels from [-1, 1]."""
+"""Image grids: samples one row per class, distal adversarials one row per target; pixels from [-1, 1].
+
+The mosaic itself is ``torchvision.utils.make_grid`` (:func:`grid_image`); matplotlib adds the labels.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,18 +19,31 @@ def to_display(x: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).numpy()
 
 
+def grid_image(x: torch.Tensor, ncol: int, pad: int = 1) -> torch.Tensor:
+    """N x C x H x W in [-1, 1] -> one 3 x H' x W' image in [0, 1] (``torchvision.utils.make_grid``):
+    ``ncol`` images per row, ``pad`` white pixels around and between them, empty cells white, gray
+    images repeated to RGB. What the trainer's loggers receive (TensorBoard, wandb take this layout).
+
+    make_grid returns a lone image unpadded and makes a short single row only as wide as its images;
+    both are padded here to the layout of every other grid (a row of ``ncol`` cells, a white border).
+    """
+    from torchvision.utils import make_grid
+
+    imgs = ((x.detach().float().cpu() + 1.0) / 2.0).clamp(0, 1)  # NaN (a blank cell) stays NaN
+    n, ncol = len(imgs), max(1, int(ncol))
+    if n == 1 and ncol == 1:
+        return torch.nn.functional.pad(make_grid(imgs, nrow=1, padding=0), (pad, pad, pad, pad), value=1.0)
+    if n < ncol:
+        imgs = torch.cat([imgs, imgs.new_ones(ncol - n, *imgs.shape[1:])])
+    return make_grid(imgs, nrow=ncol, padding=pad, pad_value=1.0)
+
+
 def mosaic(x: torch.Tensor, ncol: int, pad: int = 1) -> np.ndarray:
-    """N x C x H x W in [-1, 1] -> one H' x W' x C array in [0, 1], ``ncol`` images per row, white gaps."""
-    imgs = to_display(x)  # N, H, W, C
-    n, h, w, c = imgs.shape
-    nrows = -(-n // ncol)
-    full = np.ones((nrows * ncol, h + pad, w + pad, c), dtype=np.float32)
-    full[:n, :h, :w] = imgs
-    grid = (full.reshape(nrows, ncol, h + pad, w + pad, c).transpose(0, 2, 1, 3, 4)
-            .reshape(nrows * (h + pad), ncol * (w + pad), c))
-    canvas = np.ones((grid.shape[0] + pad, grid.shape[1] + pad, c), dtype=np.float32)
-    canvas[pad:, pad:] = grid
-    return canvas
+    """N x C x H x W in [-1, 1] -> one H' x W' x C array in [0, 1], ``ncol`` images per row, white gaps
+    (:func:`grid_image`, with gray images back to one channel)."""
+    grid = grid_image(x, ncol, pad)
+    channels = x.shape[1] if x.ndim == 4 else 1
+    return np.ascontiguousarray(grid[:channels].permute(1, 2, 0).numpy())
 
 
 def _save_mosaic(x: torch.Tensor, path: str | Path, *, ncol: int, row_labels: Sequence[str] | None = None,

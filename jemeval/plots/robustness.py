@@ -1,8 +1,12 @@
 """Robust accuracy vs epsilon: one line per (attack, refinement steps K, gradient mode).
 
 Colour encodes K, line style the gradient mode (full, bpda, eot; dash-dot for gradient-free
-attacks), the marker the attack. For minimisation attacks the robustness-distortion curve derived
-from the per-example minimal perturbations is drawn as a thin step line of the same colour.
+attacks), the marker the attack. Lines that coincide (every gradient mode at 0 once the attack wins,
+or K=0 under full and BPDA gradients, which are the same attack) stay distinguishable: where k later
+lines run along a line, that line is drawn as a band k times wider underneath, and where k later
+lines pass through one of its points, its marker gets k rings (:func:`jemeval.plots.draw_overlaps`);
+no value is moved. For minimisation attacks the robustness-distortion curve derived from the
+per-example minimal perturbations is drawn as a thin step line of the same colour.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jemeval.plots import pyplot, save_figure
+from jemeval.plots import draw_overlaps, pyplot, save_figure
 
 LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "none": "-."}
 MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}
@@ -19,6 +23,13 @@ MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}
 def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
                     min_perturbations: Sequence[dict[str, Any]] = (), title: str | None = None) -> Path:
     """Save the accuracy-vs-epsilon figure of ``jemeval robust`` records as a PNG."""
+    save_figure(draw_robustness(records, min_perturbations=min_perturbations, title=title), path)
+    return Path(path)
+
+
+def draw_robustness(records: Sequence[dict[str, Any]], *, min_perturbations: Sequence[dict[str, Any]] = (),
+                    title: str | None = None):
+    """The accuracy-vs-epsilon matplotlib figure of ``jemeval robust`` records (the caller saves it)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ks = sorted({r["refine_steps"] for r in records})
@@ -26,11 +37,19 @@ def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["attack"], r["refine_steps"], r["grad_mode"]), []).append(r)
+    lines, first = [], {}
     for (attack, k, mode), rows in groups.items():
         rows = sorted(rows, key=lambda r: r["epsilon"])
         label = f"K={k} {attack}" + ("" if mode == "none" else f" ({mode})")
-        ax.plot([r["epsilon"] for r in rows], [r["robust_accuracy"] for r in rows], color=colours[k],
-                linestyle=LINESTYLES.get(mode, "-"), marker=MARKERS.get(attack, "D"), markersize=4, label=label)
+        xy = ([r["epsilon"] for r in rows], [r["robust_accuracy"] for r in rows])
+        key = (tuple(xy[0]), tuple(xy[1]))
+        label += f" = {first[key]}" if key in first else ""  # the same values as a line drawn before
+        first.setdefault(key, label)
+        ax.plot(*xy, color=colours[k], linestyle=LINESTYLES.get(mode, "-"), marker=MARKERS.get(attack, "D"),
+                markersize=4, label=label)
+        lines.append((xy, colours[k], MARKERS.get(attack, "D")))
+    draw_overlaps(ax, [xy for xy, _, _ in lines], [c for _, c, _ in lines], width=1.5, marker_size=4,
+                  markers=[m for _, _, m in lines])
     for mp in min_perturbations:
         curve = mp.get("curve") or {}
         if curve.get("epsilon"):
@@ -50,8 +69,7 @@ def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
         labels.append("from minimal perturbations")
     ax.legend(handles, labels, fontsize=7, loc="upper right")
     ax.set_title(title or f"robust accuracy vs epsilon ({norm}, n={n})", fontsize=9)
-    save_figure(fig, path)
-    return Path(path)
+    return fig
 
 
 def plot_robust_result(result, path: str | Path) -> Path:

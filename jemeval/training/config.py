@@ -20,6 +20,7 @@ from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.training.augment import parse_augment
+from jemeval.training.loggers import check_loggers
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
@@ -76,7 +77,8 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 #: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
-                               "resume", "overwrite", "compile", "test_eval", "grid_every"})
+                               "resume", "overwrite", "compile", "test_eval", "grid_every", "config_file",
+                               "log_to", "log_every"})
 
 RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
                        "them, not both")
@@ -149,11 +151,18 @@ class TrainConfig:
     # outputs
     progress: bool | None = None  # None: tqdm decides (on for a terminal)
     grid_every: int = 1  # epochs between sample grids (0: never)
+    log_to: tuple[str, ...] = ()  # loggers besides metrics.csv: tensorboard, wandb, a plugin's (training/loggers.py)
+    log_every: int = 10  # iterations between the loggers' train/* scalars
     eval_batch_size: int = 500
     eval_sigma: float = 0.0  # noise on validation/test inputs (recorded)
     test_eval: bool = True  # evaluate best.pt on the test split at the end
     resume: bool = False  # continue the run in out_dir from its last.pt
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
+    config_file: dict | None = None  # the --config file that set some of these: {"file", "sha256", "keys"}
+
+    def __post_init__(self) -> None:
+        # one logger may be given as a string ("tensorboard"), several as a list; stored as a tuple
+        self.log_to = (self.log_to,) if isinstance(self.log_to, str) else tuple(self.log_to or ())
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -187,6 +196,7 @@ class TrainConfig:
         """Plain data (loads with weights_only=True), plus the keys readers rely on."""
         d = asdict(self)
         d["decay_epochs"] = list(self.decay_epochs)
+        d["log_to"] = list(self.log_to)
         d["out"] = self.out_dir
         d["sgld"] = self.sgld().settings()
         d["sampling"] = self.samples
@@ -214,6 +224,7 @@ class TrainConfig:
         aug = self.augment if isinstance(self.augment, str) else ""
         if aug not in ("auto", "none"):
             parse_augment(aug)  # raises UsageError when malformed
+        check_loggers(self.log_to)  # unknown names, options, missing packages: before any file is written
         return self
 
     def _check_choices(self) -> None:
@@ -248,6 +259,7 @@ class TrainConfig:
             ("max_recoveries", self.max_recoveries >= 0, "be >= 0"),
             ("check_every", self.check_every >= 1, "be >= 1"),
             ("grid_every", self.grid_every >= 0, "be >= 0"),
+            ("log_every", self.log_every >= 1, "be >= 1"),
         ):
             value = getattr(self, param)
             _need(ok, param, f"{param} must {rule}, got {list(value) if param == 'decay_epochs' else value}")

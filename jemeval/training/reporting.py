@@ -1,9 +1,12 @@
-"""Everything a run tells its user: metrics.csv rows, the progress bar, the lines on stderr.
+"""Everything a run tells its user: metrics.csv rows, the progress bar, the lines on stderr, and the
+loggers (TensorBoard, wandb, a plugin's: :mod:`.loggers`).
 
 The loop never prints: the per-epoch line, the divergence and recovery events, the stop note and
 the progress bar all go through one :class:`Reporter`. Every rank keeps the metrics rows (they
-travel in last.pt); rank 0 alone writes metrics.csv and prints. With ``progress=False`` there is
-no bar and no per-epoch line; events and notes are always printed.
+travel in last.pt); rank 0 alone writes metrics.csv, prints and logs. With ``progress=False`` there
+is no bar and no per-epoch line; events and notes are always printed. The loggers get the
+iteration's statistics every ``log_every`` iterations (rank 0's batch), each epoch's metrics row,
+and the epoch's sample grids.
 """
 from __future__ import annotations
 
@@ -11,10 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
+from jemeval.plots.grids import grid_image
+from jemeval.training.loggers import Loggers, open_loggers
 from jemeval.training.metrics_log import MetricsLog
 from jemeval.training.runstate import EpochStats, Progress
+
+#: the iteration statistics the loggers get as train/<name> (the step's own values, not epoch means)
+LOGGED_STATS = {"loss": "loss", "pyx": "loss_pyx", "px": "loss_px", "pxy": "loss_pxy", "l2": "loss_l2",
+                "e_data": "energy_data", "e_sample": "energy_sample"}
 
 
 def note(text: str) -> None:
@@ -25,12 +35,15 @@ def note(text: str) -> None:
 class Reporter:
     """metrics.csv (``metrics``), the progress bar and the stderr lines of one run."""
 
-    def __init__(self, out: Path, *, main: bool, progress: bool | None, epochs: int, samples: bool) -> None:
+    def __init__(self, out: Path, *, main: bool, progress: bool | None, epochs: int, samples: bool,
+                 log_to: tuple[str, ...] = (), log_every: int = 10, config: dict | None = None) -> None:
         self.metrics = MetricsLog(out / "metrics.csv")
         self.main = main  # rank 0: the one that writes and prints
         self.progress = progress  # None: tqdm decides (a bar on a terminal); False: no bar, no epoch lines
         self.epochs = epochs
         self.samples = samples  # the epoch line shows sample energies only when training samples
+        self.log_every = log_every
+        self.loggers = open_loggers(log_to, out, config or {}, self.note) if main and log_to else Loggers([], note)
 
     # -- metrics.csv ---------------------------------------------------------------------------
     def restore_rows(self, rows: list[dict]) -> None:
@@ -43,12 +56,17 @@ class Reporter:
 
     def epoch_row(self, progress: Progress, m: dict[str, float], *, val_acc: float | None, lr: float,
                   sgld_steps: int, seconds: float, rate: float | None) -> dict[str, Any]:
-        """The row of the epoch just completed (``m``: its pooled means, see :class:`.progress.EpochStats`)."""
-        return self.metrics.add(
+        """The row of the epoch just completed (``m``: its pooled means, see :class:`.progress.EpochStats`),
+        also sent to the loggers as ``epoch/<column>``."""
+        row = self.metrics.add(
             epoch=progress.epoch, step=progress.step, train_acc=m["train_acc"], val_acc=val_acc, loss=m["loss"],
             loss_pyx=m["pyx"], loss_px=m["px"], loss_pxy=m["pxy"], loss_l2=m["l2"], energy_data=m["e_data"],
             energy_sample=m["e_sample"], energy_gap=m["e_sample"] - m["e_data"], lr=lr, sgld_steps=sgld_steps,
             seconds=seconds, images_per_s=rate, event="")
+        if self.loggers:
+            self.loggers.scalars({f"epoch/{k}": float(v) for k, v in row.items() if k not in ("epoch", "step", "event")
+                                  and isinstance(v, (int, float)) and not isinstance(v, bool)}, progress.step)
+        return row
 
     def event(self, text: str, *, epoch: int, step: int, lr: float | None = None, sgld_steps: int | None = None,
               echo: bool = True) -> None:
@@ -57,6 +75,25 @@ class Reporter:
         self.metrics.add(epoch=epoch, step=step, event=text, lr=lr, sgld_steps=sgld_steps)
         if echo:
             self.note(text)
+
+    # -- loggers -------------------------------------------------------------------------------
+    def log_iteration(self, step: int, stats: dict[str, torch.Tensor], images: int, lr: float) -> None:
+        """Every ``log_every`` iterations: the step's own statistics as ``train/<name>`` (a host sync,
+        only when a logger is open)."""
+        if not self.loggers or step % self.log_every:
+            return
+        values = {f"train/{name}": float(stats[key]) for key, name in LOGGED_STATS.items() if key in stats}
+        values["train/acc"] = float(stats["correct"]) / max(images, 1)
+        values["train/lr"] = float(lr)
+        self.loggers.scalars(values, step)
+
+    def log_grid(self, tag: str, x: torch.Tensor, nrow: int, *, step: int) -> None:
+        """A sample grid (N x C x H x W in [-1, 1], ``nrow`` per row) as ``samples/<tag>``."""
+        if self.loggers:
+            self.loggers.image(f"samples/{tag}", grid_image(x, nrow), step)
+
+    def close(self) -> None:
+        self.loggers.close()
 
     # -- stderr --------------------------------------------------------------------------------
     def note(self, text: str) -> None:

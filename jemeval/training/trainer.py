@@ -18,6 +18,7 @@ last.pt on every resume); and samples/*.png grids (:mod:`.visuals`). Under ``tor
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -61,7 +62,10 @@ class Trainer:
         """Train to ``epochs`` (on every rank; files come from rank 0)."""
         with session.opened(self.config) as opened:
             self._setup(opened)
-            status = self._train()
+            try:
+                status = self._train()
+            finally:
+                self.report.close()  # the loggers (TensorBoard, wandb, ...), also after an error
             return summarize(self.parts, self.progress, self.report.metrics, status)
 
     def _setup(self, opened: session.Session) -> None:
@@ -69,7 +73,7 @@ class Trainer:
         self.parts = p = build(cfg, opened.ctx, opened.device)
         self.progress = Progress(stats=EpochStats(p.device))
         self.report = Reporter(p.out, main=p.ctx.is_main, progress=cfg.progress, epochs=cfg.epochs,
-                               samples=cfg.samples)
+                               samples=cfg.samples, log_to=cfg.log_to, log_every=cfg.log_every, config=cfg.to_dict())
         if opened.checkpoint is not None:  # a resume: continue exactly where last.pt stopped
             restore(p, self.progress, opened.checkpoint, p.out / "last.pt")
             self.report.restore_rows(stored_metrics(opened.checkpoint))
@@ -111,6 +115,7 @@ class Trainer:
                 p.monitor.record(s.step, stats)
                 s.step, s.batch = s.step + 1, b + 1
                 bar.update(1)
+                self.report.log_iteration(s.step, stats, len(y_lab), p.optimizer.param_groups[0]["lr"])
                 at_check = s.step % cfg.check_every == 0
                 if at_check:
                     check(p.monitor, s.step, p.device)
@@ -143,7 +148,8 @@ class Trainer:
         if cfg.samples and cfg.grid_every and s.epoch % cfg.grid_every == 0 and p.ctx.is_main:
             save_epoch_grids(p.out, s.epoch, model=p.model, sgld=sgld, buffer=p.buffer, last_samples=step.last_samples,
                              class_blocks=cfg.class_blocks, num_classes=p.data.num_classes,
-                             input_shape=p.data.input_shape, seed=cfg.seed)
+                             input_shape=p.data.input_shape, seed=cfg.seed,
+                             log_grid=functools.partial(self.report.log_grid, step=s.step))
         seconds = prior + (time.perf_counter() - started)
         s.elapsed += time.perf_counter() - started
         rate = m["images"] / train_seconds if train_seconds > 0 else None

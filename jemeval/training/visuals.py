@@ -7,6 +7,7 @@ never changes what training draws.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,8 +55,9 @@ def conditional_samples(model, sgld: SGLD, buffer: ReplayBuffer | None, num_clas
 
 def save_epoch_grids(out_dir: Path, epoch: int, *, model, sgld: SGLD, buffer: ReplayBuffer | None,
                      last_samples: torch.Tensor | None, class_blocks: bool, num_classes: int, input_shape,
-                     seed: int) -> list[Path]:
-    """Write samples/buffer_epochNNN.png and samples/conditional_epochNNN.png."""
+                     seed: int, log_grid: Callable[[str, torch.Tensor, int], None] | None = None) -> list[Path]:
+    """Write samples/buffer_epochNNN.png and samples/conditional_epochNNN.png; ``log_grid(tag, images,
+    nrow)`` also gets each grid's images (the run's loggers: ``buffer`` and ``conditional``)."""
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
     folder = out_dir / "samples"
     folder.mkdir(exist_ok=True)  # inside the run folder, which the trainer created
@@ -65,8 +67,12 @@ def save_epoch_grids(out_dir: Path, epoch: int, *, model, sgld: SGLD, buffer: Re
         what = "replay buffer" if buffer is not None else "short-run samples"
         paths.append(save_image_grid(x, folder / f"buffer_epoch{epoch:03d}.png", nrow=ncol, row_labels=labels,
                                  title=f"{what}, epoch {epoch}"))
+        if log_grid is not None:
+            log_grid("buffer", x, ncol)
     x, labels = conditional_samples(model, sgld, buffer, num_classes, input_shape, g)
     start = "the buffer" if buffer is not None else "U(-1, 1)"
     paths.append(save_image_grid(x, folder / f"conditional_epoch{epoch:03d}.png", nrow=PER_CLASS, row_labels=labels,
                              title=f"class-conditional SGLD, {sgld.steps} steps from {start}, epoch {epoch}"))
+    if log_grid is not None:
+        log_grid("conditional", x, PER_CLASS)
     return paths

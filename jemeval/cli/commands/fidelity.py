@@ -8,7 +8,7 @@ import click
 from jemeval.cli.commands.sample import sample_from_options, sampling_options
 from jemeval.cli.options import device_option, resolve_device, seed_option
 from jemeval.cli.output import emit, output_options
-from jemeval.cli.paths import Command, dataset_option, input_path_option
+from jemeval.cli.paths import Command, dataset_option, input_path_option, output_path_option
 
 
 @click.command("fidelity", cls=Command)
@@ -27,23 +27,37 @@ from jemeval.cli.paths import Command, dataset_option, input_path_option
                    default=None,
                    help="torch-fidelity's InceptionV3 weights file (weights-inception-2015-12-05-6726825d.pth) for "
                         "IS/FID/KID; never downloaded [env: JEMEVAL_INCEPTION_WEIGHTS].")
+@input_path_option("--vgg16-weights", what="the VGG16 weights file", envvar="JEMEVAL_VGG16_WEIGHTS", default=None,
+                   help="torchvision's VGG16 weights file (vgg16-397923af.pth) for precision/recall (or "
+                        "--feature-extractor vgg16); never downloaded [env: JEMEVAL_VGG16_WEIGHTS].")
 @click.option("--metrics", default=None,
-              help="Comma-separated subset of is,fid,kid,fd [default: is,fid,kid, plus fd with --features; "
-                   "only fd when --features is given without Inception weights].")
+              help="Comma-separated subset of is,fid,kid,precision,recall,f_score,fd [default: is,fid,kid, plus fd "
+                   "with --features; only fd when --features is given without Inception weights]. precision/recall "
+                   "(Kynkaanniemi et al., k=3) use VGG16 features.")
+@click.option("--feature-extractor", type=click.Choice(["inception-v3-compat", "vgg16"]), default=None,
+              help="The network for fid, kid and precision/recall [default: inception-v3-compat for fid/kid, vgg16 "
+                   "for precision/recall]; is always uses InceptionV3.")
+@output_path_option("--ref-cache", suffix=".npz", metavar="FILE.npz",
+                    help="Keep the reference set's features in FILE.npz: the next run with the same reference images "
+                         "and weights skips their forward passes (a file of another reference set is refused).")
 @click.option("--kid-subset-size", type=int, default=1000, show_default=True,
               help="KID subset size (capped at the sample counts).")
 @sampling_options
 @output_options
 @device_option
 @seed_option(0)
-def cli(model_path, samples_path, reference, ref_split, ref_n, features, inception_weights, metrics, kid_subset_size,
-        as_json, csv_path, as_markdown, out_path, device, seed, **sampling):
-    """Score samples: IS, FID, KID (Inception) and Frechet distances in a model's feature space.
+def cli(model_path, samples_path, reference, ref_split, ref_n, features, inception_weights, vgg16_weights, metrics,
+        feature_extractor, ref_cache, kid_subset_size, as_json, csv_path, as_markdown, out_path, device, seed,
+        **sampling):
+    """Score samples: IS, FID, KID, precision/recall (torch-fidelity) and Frechet distances in a model's features.
 
     \b
     Examples:
       jemeval fidelity --model runs/digits/best.pt --features runs/clf/best.pt --top-confident 10
       jemeval fidelity --samples samples.npz --ref cifar10 --inception-weights weights-inception-2015-12-05-6726825d.pth
+      jemeval fidelity --samples samples.npz --ref cifar10 --metrics fid,precision,recall \\
+          --inception-weights weights-inception-2015-12-05-6726825d.pth --vgg16-weights vgg16-397923af.pth \\
+          --ref-cache cifar10-train-features.npz
     """
     from jemeval.errors import UsageError
     from jemeval.evaluation.fidelity import fidelity
@@ -53,17 +67,20 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
     dev = resolve_device(device)
     if model_path is not None:
         # fail on a missing weights file or bad metric list before spending time sampling
+        from jemeval.evaluation.extractors import LIBRARY_METRICS, metric_extractors
         from jemeval.evaluation.fidelity import resolve_metrics
-        from jemeval.evaluation.inception import INCEPTION_METRICS, check_inception_weights
+        from jemeval.evaluation.inception import check_extractor_weights
 
         chosen, _ = resolve_metrics(metrics, have_features=bool(features), have_weights=bool(inception_weights))
-        if set(chosen) & set(INCEPTION_METRICS):
-            check_inception_weights(inception_weights)
+        files = {"inception-v3-compat": inception_weights, "vgg16": vgg16_weights}
+        for name in metric_extractors([m for m in chosen if m in LIBRARY_METRICS], feature_extractor):
+            check_extractor_weights(files[name], name)
         samples = sample_from_options(model_path, device, seed, **sampling)
     else:
         samples = samples_path
     result = fidelity(samples, reference, features=list(features) or None, inception_weights=inception_weights,
                       metrics=metrics, ref_split=ref_split, ref_n=ref_n, data_root=sampling.get("data_root"),
-                      batch_size=sampling["batch_size"], device=dev, seed=seed, kid_subset_size=kid_subset_size)
+                      batch_size=sampling["batch_size"], device=dev, seed=seed, kid_subset_size=kid_subset_size,
+                      feature_extractor=feature_extractor, vgg16_weights=vgg16_weights, ref_cache=ref_cache)
     emit(result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path,
          columns=["metric", "value", "std", "features", "n_samples", "n_ref"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from jemeval.cli.config import config_option
 from jemeval.cli.options import (
     batch_size_option,
     data_options,
@@ -20,6 +21,7 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 
 
 @click.command("ood", cls=Command)
+@config_option
 @model_option
 @dataset_option("--ood", "ood", required=True,
                 help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from jemeval.cli.config import config_option
 from jemeval.cli.options import (
     data_options,
     device_option,
@@ -32,6 +33,7 @@ def split_attack_specs(value: str) -> list[str]:
 
 
 @click.command("robust", cls=Command)
+@config_option
 @model_option
 @click.option("--norm", required=True, help="Threat model: l2 or linf.")
 @click.option("--refine-steps", default="0", show_default=True,

@@ -22,11 +22,16 @@ import sys
 import click
 from click.core import ParameterSource
 
+from jemeval.cli.config import config_option, config_record, render_config
 from jemeval.cli.options import data_options, parse_ints
 
 
 @click.command("train")
-@click.argument("dataset")
+@click.argument("dataset", required=False)
+@config_option
+@click.option("--print-config", is_flag=True,
+              help="Print a complete config file (YAML) for DATASET's defaults [default: digits], with --config and "
+                   "the other options applied, and exit without training.")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
                              "[default: per dataset].")
 @click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20].")
@@ -89,11 +94,17 @@ from jemeval.cli.options import data_options, parse_ints
               "metrics.csv and sample grids, then start a new run.")
 @click.option("--nproc", type=int, help="Train with N processes on this machine (DistributedDataParallel, "
               "gloo on CPU / nccl on CUDA), re-launched through torchrun; at most one per GPU (CUDA) or CPU core.")
+@click.option("--log-to", "log_to", multiple=True, metavar="LOGGER",
+              help="Also log to tensorboard (event files in DIR/tensorboard), wandb (DIR/wandb, offline unless "
+                   "wandb:mode=online) or a plugin's logger (jemeval list loggers); repeat for several. metrics.csv "
+                   "is always written.")
+@click.option("--log-every", type=click.IntRange(min=1), help="Iterations between the loggers' train/* scalars "
+              "[default: 10].")
 @click.option("--no-progress", is_flag=True, help="No progress bar and no per-epoch lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @data_options
 @click.pass_context
-def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **params):
+def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs, nproc, **params):
     """Train a JEM on DATASET (digits, cifar10, svhn, npz:FILE, digits[0-4], ...).
 
     \b
@@ -107,14 +118,23 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
       jemeval train digits --arch igebm --objective factored
       jemeval train digits --nproc 2                # DDP, 2 processes
       torchrun --nproc-per-node 2 -m jemeval train digits   # the same, launched by torchrun
+      jemeval train --print-config cifar10 > c.yaml   # a complete config file; edit it, then:
+      jemeval train --config c.yaml --epochs 10     # every option from c.yaml, --epochs from here
     """
     # the training stack (torch) is imported when the command runs, not when the CLI starts
     from jemeval.training import train
     from jemeval.training.config import resolve_config, resume_from
     from jemeval.training.launch import check_launch, launched_by_torchrun, relaunch
 
+    if dataset is None and not print_config:
+        raise click.UsageError("Missing argument 'DATASET': give it (jemeval train digits) or set 'dataset' in the "
+                               "--config file")
+    dataset = dataset or "digits"
     given = _given(ctx, params, compile_=compile_, decay_epochs=decay_epochs, no_progress=no_progress)
     config = resume_from(dataset, **given) if given.get("resume") else resolve_config(dataset, **given)
+    if print_config:
+        click.echo(render_config(ctx.command, _config_values(ctx, config), title=_config_title(config)), nl=False)
+        return
     if nproc is not None and not launched_by_torchrun(nproc):
         check_launch(config, nproc)
         sys.exit(relaunch(nproc, _without_nproc(sys.argv[1:])))
@@ -137,7 +157,31 @@ def _given(ctx: click.Context, params: dict, *, compile_, decay_epochs, no_progr
         given["decay_epochs"] = tuple(parse_ints(decay_epochs, "--decay-epochs")) if decay_epochs.strip() else ()
     if no_progress:
         given["progress"] = False
+    if config_record(ctx) is not None:
+        given["config_file"] = config_record(ctx)
     return given
+
+
+def _config_values(ctx: click.Context, config) -> dict:
+    """Every option of the command as the run would use it: the resolved training settings, and the
+    command's own options (``--json``, ``--nproc``, ...) as given."""
+    values = dict(ctx.params)
+    settings = config.to_dict()
+    for name in values:
+        key = name.rstrip("_")
+        if key in settings and key not in ("out", "resume", "overwrite"):
+            values[name] = settings[key]
+    values["dataset"], values["out"] = config.dataset, config.out
+    values["no_progress"] = config.progress is False
+    return values
+
+
+def _config_title(config) -> str:
+    from jemeval import __version__
+
+    return (f"jemeval train configuration ({config.dataset}; jemeval {__version__})\n"
+            "run it: jemeval train --config FILE; an option given on the command line overrides the file;\n"
+            "null leaves an option at its default; keys are the option names (- or _)")
 
 
 def _without_nproc(args: list[str]) -> list[str]:

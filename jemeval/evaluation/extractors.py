@@ -1,0 +1,246 @@
+"""IS, FID, KID and precision/recall by torch-fidelity, on in-memory images, with reference features cached.
+
+torch-fidelity's own feature extractors (InceptionV3, VGG16: :mod:`jemeval.evaluation.inception`
+verifies their weights) and its metric functions do the work; jemeval only decides what runs where:
+
+* ``is`` on InceptionV3's logits (the metric is defined on them); ``fid`` and ``kid`` on
+  InceptionV3's 2048-d pool features; ``precision``, ``recall``, ``f_score`` (Kynkaanniemi et al.
+  2019, k = 3 neighbours) on VGG16's fc2 features: torch-fidelity's defaults. ``feature_extractor``
+  moves fid, kid and precision/recall onto another network.
+* Each network runs once over the samples and once over the reference images, for every metric
+  it serves.
+* ``ref_cache`` (a ``.npz`` file) keeps the reference features: a later run with the same reference
+  images (checked by the SHA-256 of their pixels) and the same weights (by SHA-256) skips the
+  forward passes over the reference set, the expensive part for 50,000 CIFAR-10 images. The file
+  holds float arrays and a JSON string, read with ``allow_pickle=False`` (torch-fidelity's own cache
+  unpickles, so it is never used). A file that holds another reference set is refused, not replaced.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from jemeval.atomic import write_atomic
+from jemeval.errors import CheckpointError, UsageError
+from jemeval.evaluation.inception import (
+    EXTRACTORS,
+    INCEPTION,
+    Uint8Images,
+    extractor,
+    require_torch_fidelity,
+    verified_weights,
+)
+
+LIBRARY_METRICS = ("is", "fid", "kid", "precision", "recall", "f_score")
+#: torch-fidelity's metric behind each name, and the extractor it runs on by default
+TF_METRIC = {"is": "isc", "fid": "fid", "kid": "kid", "precision": "prc", "recall": "prc", "f_score": "prc"}
+DEFAULT_EXTRACTOR = {"isc": INCEPTION, "fid": INCEPTION, "kid": INCEPTION, "prc": "vgg16"}
+#: how images reach each network, for the provenance
+NETWORK_INPUT = {INCEPTION: [299, 299], "vgg16": [224, 224]}
+CACHE_FORMAT = "jemeval-reference-features"
+PRC_NEIGHBORHOOD = 3
+KID_SUBSETS = 100
+
+
+def metric_extractors(metrics: Sequence[str], feature_extractor: str | None = None) -> dict[str, list[str]]:
+    """Extractor name -> the jemeval metrics it computes (``is`` always on InceptionV3)."""
+    if feature_extractor is not None:
+        extractor(feature_extractor)  # refuses unknown ones and those whose weights are code
+    groups: dict[str, list[str]] = {}
+    for m in metrics:
+        tf_metric = TF_METRIC[m]
+        name = INCEPTION if tf_metric == "isc" else feature_extractor or DEFAULT_EXTRACTOR[tf_metric]
+        groups.setdefault(name, []).append(m)
+    return groups
+
+
+def _layers(name: str, metrics: Sequence[str]) -> dict[str, str]:
+    """jemeval metric -> the network's feature layer for it (torch-fidelity's choice)."""
+    from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
+
+    cls = FEATURE_EXTRACTORS_REGISTRY[name]
+    return {m: cls.get_default_feature_layer_for_metric(TF_METRIC[m]) for m in metrics}
+
+
+def _network(name: str, layers: list[str], weights: dict[str, Any], device: torch.device):
+    from torch_fidelity.utils import create_feature_extractor
+
+    try:
+        return create_feature_extractor(name, layers, cuda=device.type == "cuda", verbose=False,
+                                        feature_extractor_weights_path=verified_weights(weights))
+    except RuntimeError as exc:  # load_state_dict: keys or shapes not the network's
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+        detail = next((ln for ln in lines if ln.startswith(("Missing key", "Unexpected key", "size mismatch"))),
+                      lines[0])
+        detail = detail[:160] + ("..." if len(detail) > 160 else "")
+        e = extractor(name)
+        raise CheckpointError(f"torch-fidelity could not use the {e.title} weights {weights['path']!r} "
+                              f"({detail}); expected {e.file}") from None
+
+
+def _features(network, images: torch.Tensor, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    from torch_fidelity.utils import get_featuresdict_from_dataset
+
+    return get_featuresdict_from_dataset(Uint8Images(images), network, batch_size, device.type == "cuda",
+                                         save_cpu_ram=True, verbose=False)
+
+
+def _values(metrics: Sequence[str], layers: dict[str, str], f1: dict, f2: dict | None,
+            options: dict[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """{metric: (value, std or None)} from the two feature sets, by torch-fidelity's metric functions."""
+    from torch_fidelity.metric_fid import fid_featuresdict_to_statistics, fid_statistics_to_metric
+    from torch_fidelity.metric_isc import isc_featuresdict_to_metric
+    from torch_fidelity.metric_kid import kid_featuresdict_to_metric
+    from torch_fidelity.metric_prc import prc_featuresdict_to_metric
+
+    out: dict[str, tuple[float, float | None]] = {}
+    for m in metrics:
+        layer = layers[m]
+        if m == "is":
+            r = isc_featuresdict_to_metric(f1, layer, **options)
+            out[m] = (r["inception_score_mean"], r["inception_score_std"])
+        elif m == "fid":
+            stats = [fid_featuresdict_to_statistics(f, layer) for f in (f1, f2)]
+            out[m] = (fid_statistics_to_metric(*stats, verbose=False)["frechet_inception_distance"], None)
+        elif m == "kid":
+            r = kid_featuresdict_to_metric(f1, f2, layer, **options)
+            out[m] = (r["kernel_inception_distance_mean"], r["kernel_inception_distance_std"])
+        else:
+            key = "prc" + layer
+            if key not in out:  # precision, recall and f_score come from one computation
+                r = prc_featuresdict_to_metric(f1, f2, layer, **options)
+                out[key] = (r["precision"], r["recall"], r["f_score"])  # type: ignore[assignment]
+            out[m] = (out[key][("precision", "recall", "f_score").index(m)], None)
+    return {m: out[m] for m in metrics}
+
+
+def check_counts(metrics: Sequence[str], n_samples: int, n_ref: int | None) -> None:
+    """Refuse sample counts the metrics cannot use (one line)."""
+    two = [m for m in metrics if m in ("is", "fid", "kid")]
+    if two and (n_samples < 2 or (any(m != "is" for m in two) and (n_ref or 0) < 2)):
+        raise UsageError("IS/FID/KID need at least 2 samples and 2 reference images")
+    prc = [m for m in metrics if TF_METRIC[m] == "prc"]
+    if prc and min(n_samples, n_ref or 0) <= PRC_NEIGHBORHOOD:
+        raise UsageError(f"precision/recall need more than {PRC_NEIGHBORHOOD} samples and reference images (k = "
+                         f"{PRC_NEIGHBORHOOD} nearest neighbours), got {n_samples} and {n_ref}")
+
+
+def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, metrics: Sequence[str],
+                    weights: dict[str, dict[str, Any]], feature_extractor: str | None = None, batch_size: int = 64,
+                    device: torch.device | str = "cpu", seed: int = 0, isc_splits: int = 10,
+                    kid_subset_size: int = 1000, ref_cache: str | os.PathLike | None = None,
+                    ref_info: dict | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One record per metric (``metric``, ``value``, ``std``, ``features``) and the settings used.
+
+    ``weights``: extractor name -> the identity :func:`~jemeval.evaluation.inception.check_extractor_weights`
+    returned for its file (every extractor the metrics need).
+    """
+    tf = require_torch_fidelity()
+    device = torch.device(device)
+    n1, n2 = len(samples), None if reference is None else len(reference)
+    check_counts(metrics, n1, n2)
+    options = {"isc_splits": max(1, min(isc_splits, n1)), "samples_shuffle": True, "rng_seed": seed,
+               "kid_subsets": KID_SUBSETS, "kid_subset_size": min(kid_subset_size, n1, n2 or n1),
+               "prc_neighborhood": PRC_NEIGHBORHOOD, "save_cpu_ram": True, "verbose": False}
+    cache = ReferenceCache(ref_cache, reference, ref_info) if ref_cache is not None and reference is not None else None
+    records, settings = [], {"torch_fidelity_version": getattr(tf, "__version__", None), **options}
+    for name, wanted in metric_extractors(metrics, feature_extractor).items():
+        layers = _layers(name, wanted)
+        network = _network(name, sorted(set(layers.values())), weights[name], device)
+        f1 = _features(network, samples, batch_size, device)
+        f2 = None
+        if any(m != "is" for m in wanted):
+            needed = sorted({layers[m] for m in wanted if m != "is"})
+            compute = functools.partial(_features, network, reference, batch_size, device)
+            f2 = cache.features(name, weights[name], needed, compute) if cache else compute()
+        for m, (value, std) in _values(wanted, layers, f1, f2, options).items():
+            records.append({"metric": m, "value": value, "std": std, "features": name})
+        settings[name] = {"weights": weights[name], "metrics": list(wanted), "layers": layers,
+                          "resized_to": NETWORK_INPUT.get(name)}
+    if cache is not None:
+        settings["ref_cache"] = cache.describe()
+    order = {m: i for i, m in enumerate(metrics)}
+    return sorted(records, key=lambda r: order[r["metric"]]), settings
+
+
+def pixels_sha256(images: torch.Tensor) -> str:
+    """SHA-256 of the uint8 RGB pixels the networks see: the identity of a reference set."""
+    return hashlib.sha256(Uint8Images(images).x.numpy().tobytes()).hexdigest()
+
+
+class ReferenceCache:
+    """The reference features of one reference set in a ``.npz`` file (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, reference: torch.Tensor, info: dict | None) -> None:
+        self.path = Path(path)
+        if self.path.suffix.lower() != ".npz":
+            raise UsageError(f"ref_cache must be a .npz file, got {str(self.path)!r}", param="ref_cache")
+        self.identity = {"pixels_sha256": pixels_sha256(reference), "shape": list(reference.shape)}
+        self.info = info or {}
+        self.meta, self.arrays = self._read()
+        self.hits: list[str] = []
+        self.written = False
+
+    def _read(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        if not self.path.exists():
+            return {"format": CACHE_FORMAT, "version": 1, "reference": {**self.identity, "info": self.info},
+                    "extractors": {}}, {}
+        try:
+            with np.load(self.path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            meta = json.loads(str(arrays.pop("meta")))
+        except Exception as exc:  # noqa: BLE001 - not an npz, no meta, damaged: one line
+            raise UsageError(f"ref_cache {str(self.path)!r} is not a reference-features file written by jemeval "
+                             f"({type(exc).__name__}); give another file or delete it", param="ref_cache") from None
+        if meta.get("format") != CACHE_FORMAT:
+            raise UsageError(f"ref_cache {str(self.path)!r} is not a reference-features file written by jemeval",
+                             param="ref_cache")
+        held = {k: meta.get("reference", {}).get(k) for k in self.identity}
+        if held != self.identity:
+            raise UsageError(f"ref_cache {str(self.path)!r} holds the features of other reference images "
+                             f"({meta.get('reference', {}).get('info') or held}); give another file or delete it",
+                             param="ref_cache")
+        return meta, arrays
+
+    def features(self, name: str, weights: dict[str, Any], layers: list[str],
+                 compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The reference features of ``layers`` from the file, or computed now and added to it."""
+        entry = self.meta["extractors"].get(name)
+        if entry is not None and entry.get("weights_sha256") != weights["sha256"]:
+            raise UsageError(f"ref_cache {str(self.path)!r} holds {name} features of other weights (sha256 "
+                             f"{str(entry.get('weights_sha256'))[:12]}...); give another file or delete it",
+                             param="ref_cache")
+        if entry is not None and set(layers) <= set(entry["layers"]):
+            self.hits.append(name)
+            return {layer: torch.from_numpy(self.arrays[f"{name}/{layer}"]) for layer in layers}
+        computed = compute()
+        kept = sorted(set(computed) | set(entry["layers"] if entry else []))
+        for layer, value in computed.items():
+            self.arrays[f"{name}/{layer}"] = value.numpy()
+        self.meta["extractors"][name] = {"weights_sha256": weights["sha256"], "layers": kept}
+        self._write()
+        return {layer: computed[layer] for layer in layers}
+
+    def _write(self) -> None:
+        meta = np.array(json.dumps(self.meta, sort_keys=True))
+
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:  # a file object: np.savez would append .npz to a path
+                np.savez(fh, meta=meta, **self.arrays)
+
+        write_atomic(self.path, save)
+        self.written = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": str(self.path), "used": self.hits, "written": self.written, **self.identity}
+
+
+__all__ = ["EXTRACTORS", "LIBRARY_METRICS", "ReferenceCache", "library_metrics", "metric_extractors"]
