@@ -203,6 +203,9 @@ LAYERS = [
     ("jemeval.formats", "jemeval.training"),
     ("jemeval.energy", "jemeval.sampling"),
     ("jemeval.runtime", "jemeval.sampling"),
+    # a cache stores what a capability derived; it does not call the capability
+    ("jemeval.caches", "jemeval.evaluation"),
+    ("jemeval.caches", "jemeval.training"),
     # evaluation and training reach built-in components only through the registry
     ("jemeval.evaluation", "jemeval.builtins"),
     ("jemeval.training", "jemeval.builtins"),
