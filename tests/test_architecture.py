@@ -216,6 +216,7 @@ LAYERS = [
     ("jemeval.evaluation", "jemeval.reports"),
     ("jemeval.training", "jemeval.reports"),
     ("jemeval.plots", "jemeval.reports"),
+    ("jemeval.caches", "jemeval.reports"),
 ]
 
 
