@@ -156,6 +156,7 @@ def report(
     options: Mapping[str, Mapping[str, Any]] | None = None,
     device: str | torch.device | None = None,
     progress: ProgressArg = None,
+    config: Mapping[str, Any] | None = None,
 ) -> ReportResult:
     """Evaluate ``models`` (checkpoint paths, or a mapping name -> path) side by side into ``out``.
 
@@ -164,7 +165,8 @@ def report(
     ``epsilons``, ``attacks``, ``data_root`` and ``download`` override them in the sections that
     take them, and ``options`` (``{"robust": {"grad_mode": "bpda"}}``) sets any other parameter of a
     section's function.
-    ``force`` recomputes cached results. ``device`` defaults to cuda when available. Returns a
+    ``force`` recomputes cached results. ``device`` defaults to cuda when available. ``config`` (what a
+    ``--config`` file set) is recorded in the provenance. Returns a
     :class:`ReportResult`; files are described in the module docstring.
     """
     pairs = model_list(models, names)
@@ -182,6 +184,8 @@ def report(
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset}
                    for m in infos]})
+    if config is not None:
+        prov["config"] = dict(config)
     return write_report(folder, infos, plan, entries, prov, preset=preset)
 
 

@@ -6,6 +6,7 @@ import json
 import click
 
 from jemeval.cli.commands.robust import split_attack_specs
+from jemeval.cli.config import config_option
 from jemeval.cli.options import (
     data_options,
     device_option,
@@ -17,7 +18,7 @@ from jemeval.cli.options import (
     seed_option,
     split_list,
 )
-from jemeval.cli.output import progress
+from jemeval.cli.output import config_provenance, progress
 from jemeval.cli.paths import Command, dataset_option
 from jemeval.errors import UsageError
 from jemeval.results import text_table
@@ -52,6 +53,7 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 
 
 @click.command("report", cls=Command)
+@config_option
 @input_path_option("--model", "models", what="an input checkpoint", multiple=True, required=True,
                    help="A checkpoint to evaluate; repeat for each model (e.g. --model runs/digits/best.pt "
                         "--model runs/digits-baseline/best.pt).")
@@ -115,6 +117,7 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, refin
         epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
         attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
         download=download, options=parse_set(options), device=resolve_device(device), progress=progress(),
+        config=config_provenance(),
     )
     if as_json:
         click.echo(result.to_json())
