@@ -43,6 +43,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.scores",
     "jemeval.builtins.metrics",
     "jemeval.builtins.attacks",
+    "jemeval.builtins.autoattack",
     "jemeval.builtins.layouts",
 )
 #: the built-in plugin that adds jemeval's own commands through ``register_commands``, imported when

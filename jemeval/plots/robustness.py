@@ -1,8 +1,9 @@
 """Robust accuracy vs epsilon: one line per (attack, refinement steps K, gradient mode).
 
-Colour encodes K, line style the gradient mode (full, bpda, eot; dash-dot for gradient-free
-attacks), the marker the attack. For minimisation attacks the robustness-distortion curve derived
-from the per-example minimal perturbations is drawn as a thin step line of the same colour.
+Colour encodes K, line style the gradient mode (full, bpda, eot, bpda+eot; dash-dot for
+gradient-free attacks), the marker the attack; a light band of the same colour is the 95% Wilson
+interval where the records carry one. For minimisation attacks the robustness-distortion curve
+derived from the per-example minimal perturbations is drawn as a thin step line of the same colour.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 from jemeval.plots import pyplot, save_figure
 
-LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "none": "-."}
-MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}
+LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "bpda+eot": (0, (5, 1, 1, 1, 1, 1)), "none": "-."}
+MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^", "apgd-ce": "v", "apgd-dlr": "<", "apgd-t": ">",
+           "fab": "P", "square": "X", "cw": "*", "autoattack": "h"}
 
 
 def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
@@ -29,8 +31,12 @@ def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
     for (attack, k, mode), rows in groups.items():
         rows = sorted(rows, key=lambda r: r["epsilon"])
         label = f"K={k} {attack}" + ("" if mode == "none" else f" ({mode})")
-        ax.plot([r["epsilon"] for r in rows], [r["robust_accuracy"] for r in rows], color=colours[k],
+        eps = [r["epsilon"] for r in rows]
+        ax.plot(eps, [r["robust_accuracy"] for r in rows], color=colours[k],
                 linestyle=LINESTYLES.get(mode, "-"), marker=MARKERS.get(attack, "D"), markersize=4, label=label)
+        if all(r.get("ci_low") is not None and r.get("ci_high") is not None for r in rows):
+            ax.fill_between(eps, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows], color=colours[k],
+                            alpha=0.08, linewidth=0)
     for mp in min_perturbations:
         curve = mp.get("curve") or {}
         if curve.get("epsilon"):
