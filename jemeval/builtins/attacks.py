@@ -22,6 +22,11 @@ Decision-based attacks assume a deterministic classifier; a model with SGLD refi
 stochastic. They therefore query the model with *common random numbers*: the global RNG is reset to
 the same seed before every forward pass, so the decision surface the attack explores is fixed
 (one fixed draw of the chains' noise). jemeval re-classifies the result with fresh chains anyway.
+
+foolbox 3.3 (no release since 2024) breaks at import on a machine without a ``git`` binary (GitPython,
+for its model zoo) and will on SciPy 2 (``scipy.ndimage.filters``): :func:`prepare_foolbox_import`
+works around both, and a foolbox that still fails to import is reported in one line that says so.
+foolbox models always get ``device=`` the attacked model's device (foolbox picks CUDA when visible).
 """
 from __future__ import annotations
 
