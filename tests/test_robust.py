@@ -272,6 +272,7 @@ def test_wilson_interval_by_hand_and_bad_counts():
     low, high = wilson_interval(8, 10)  # p = 0.8, z = 1.96: (0.8 + 0.19208) / 1.38416 -+ 0.26728 / 1.38416
     assert low == pytest.approx(0.49016, abs=1e-5) and high == pytest.approx(0.94332, abs=1e-5)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(100, 100)[1] == 1.0  # exact ends
     with pytest.raises(ValueError):
         wilson_interval(11, 10)
 
