@@ -252,18 +252,19 @@ def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Te
                 median: float | None, seconds: float) -> list[dict[str, Any]]:
     """One record per epsilon of a run; ``correct_adv`` is draws x epsilons x inputs."""
     robust = correct_adv.all(0) & is_clean.unsqueeze(0)  # E x N: correct clean and under every draw
-    per_draw = (correct_adv & is_clean).double().mean(2)  # R x E
+    draws = int(correct_adv.shape[0])
+    correct_draws = (correct_adv & is_clean).sum((0, 2)).tolist()  # per epsilon, over draws and inputs
     clean_acc = float(is_clean.double().mean())
     settings = dict(getattr(run.attack, "settings", {}) or {})
     mode, n = run.grad_mode, len(data.x)
     eot = None if mode == "none" else defence.eot_samples if mode in EOT_MODES else 1
     records = []
-    for e, count, mean in zip(data.epsilons, robust.sum(1).tolist(), per_draw.mean(0).tolist()):
+    for e, count, total in zip(data.epsilons, robust.sum(1).tolist(), correct_draws):
         low, high = wilson_interval(count, n)
         records.append({
             "attack": run.name, "norm": data.norm, "epsilon": e, "refine_steps": run.refine_steps,
             "robust_accuracy": count / n, "clean_accuracy": clean_acc, "n": n, "grad_mode": mode,
-            "ci_low": low, "ci_high": high, "draws": int(correct_adv.shape[0]), "robust_accuracy_mean": mean,
+            "ci_low": low, "ci_high": high, "draws": draws, "robust_accuracy_mean": total / (draws * n),
             "chains": defence.chains, "sigma": defence.chain_sigma, "eot_samples": eot,
             "steps": settings.get("steps"), "restarts": settings.get("restarts"),
             "gradient_free": bool(getattr(run.attack, "gradient_free", False)),
