@@ -21,7 +21,7 @@ __all__ = [
     "__version__", "hookimpl", "ood_metric", "calibration_metric", "pixel_to_model_scale",
     "EnergyModel", "SGLD", "ReplayBuffer", "load_model", "load_dataset", "create_model",
     "get", "names", "save_checkpoint",
-    "train", "evaluate_ood", "calibrate", "evaluate", "robust", "sample", "fidelity",
+    "train", "evaluate_ood", "calibrate", "evaluate", "robust", "sample", "fidelity", "report",
 ]
 
 _LAZY = {
@@ -42,6 +42,7 @@ _LAZY = {
     "robust": ("jemeval.evaluation.robustness", "robust"),
     "sample": ("jemeval.evaluation.generation", "sample"),
     "fidelity": ("jemeval.evaluation.fidelity", "fidelity"),
+    "report": ("jemeval.reports.build", "report"),
 }
 
 

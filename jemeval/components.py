@@ -39,6 +39,11 @@ the base interface works unchanged):
   re-classification) and the robustness-distortion curve derived from it.
 * ``attack.last_without_start``: after a call, the number of inputs it could not attack (e.g. no
   adversarial starting point); reported in the notes.
+* ``attack.supports_eot = True``: the attack averages its gradients over noise draws itself
+  (expectation over transformation, like APGD's ``eot_iter``). In the EOT gradient modes (eot,
+  bpda+eot) jemeval then calls ``attack(model, x, y, epsilons, eot_samples=R)`` with a model that
+  draws fresh noise on every forward pass; other attacks get a model that averages its logits over
+  R draws in one pass instead.
 
 The caller seeds torch and numpy before every attack call, freezes the model's parameters, and
 validates the output (shape, [-1, 1], each epsilon ball) before re-classifying it.

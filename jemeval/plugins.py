@@ -43,6 +43,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.scores",
     "jemeval.builtins.metrics",
     "jemeval.builtins.attacks",
+    "jemeval.builtins.autoattack",
     "jemeval.builtins.layouts",
     "jemeval.builtins.loggers",
 )

@@ -131,7 +131,8 @@ EVALUATION = list(_modules("evaluation"))
 
 @pytest.mark.parametrize("path", EVALUATION, ids=lambda p: p.name)
 def test_evaluation_draws_and_writes_nothing(path):
-    """No progress bars, figures or file writes inside evaluation/: they are the caller's."""
+    """No progress bars, figures or file writes inside evaluation/: they are the caller's (a cache file
+    the caller asked for is written by jemeval/caches/, which owns its format)."""
     tree = ast.parse(path.read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

@@ -203,12 +203,20 @@ LAYERS = [
     ("jemeval.formats", "jemeval.training"),
     ("jemeval.energy", "jemeval.sampling"),
     ("jemeval.runtime", "jemeval.sampling"),
+    # a cache stores what a capability derived; it does not call the capability
+    ("jemeval.caches", "jemeval.evaluation"),
+    ("jemeval.caches", "jemeval.training"),
     # evaluation and training reach built-in components only through the registry
     ("jemeval.evaluation", "jemeval.builtins"),
     ("jemeval.training", "jemeval.builtins"),
     ("jemeval.evaluation", "jemeval.training"),
     # evaluation computes and returns data; drawing it is the command line's job
     ("jemeval.evaluation", "jemeval.plots"),
+    # reports sit above evaluation and plots: nothing below them reaches up
+    ("jemeval.evaluation", "jemeval.reports"),
+    ("jemeval.training", "jemeval.reports"),
+    ("jemeval.plots", "jemeval.reports"),
+    ("jemeval.caches", "jemeval.reports"),
 ]
 
 

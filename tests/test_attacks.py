@@ -1,8 +1,15 @@
 """Built-in attacks: jemeval's adapters against plain foolbox run on the same model and inputs."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,13 +35,13 @@ def subset():
 
 
 def _plain_foolbox(model, x, y, fb_attack, eps_pixel, seed):
-    import foolbox as fb
+    fb = attacks.import_foolbox()  # foolbox itself, imported with jemeval's git/scipy workarounds
 
     torch.manual_seed(seed)
     np.random.seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fmodel = fb.PyTorchModel(model, bounds=(-1, 1))
+        fmodel = fb.PyTorchModel(model, bounds=(-1, 1), device="cpu")
         criterion = fb.criteria.Misclassification(y)
         _, clipped, success = fb_attack(fmodel, x, criterion, epsilons=[2 * e for e in eps_pixel])
     return torch.stack(clipped), success
@@ -42,7 +49,7 @@ def _plain_foolbox(model, x, y, fb_attack, eps_pixel, seed):
 
 @pytest.mark.parametrize("norm", ["l2", "linf"])
 def test_k0_pgd_equals_plain_foolbox(digits_classifier_ckpt, clf, subset, norm):
-    import foolbox as fb
+    fb = attacks.import_foolbox()
 
     x, y = subset
     eps = [0.0, 0.1, 0.3, 0.6] if norm == "l2" else [0.0, 0.02, 0.05, 0.1]
@@ -51,7 +58,7 @@ def test_k0_pgd_equals_plain_foolbox(digits_classifier_ckpt, clf, subset, norm):
     want = (1 - success.double().mean(1)).tolist()
 
     result = robust(digits_classifier_ckpt, norm=norm, refine_steps=0, attacks="pgd", epsilons=eps, n=40, seed=3,
-                    steps=5, restarts=2, progress=False)
+                    steps=5, restarts=2, progress=False, device="cpu")
     got = [r["robust_accuracy"] for r in sorted(result.records, key=lambda r: r["epsilon"])]
     assert got == pytest.approx(want, abs=1e-12)
     assert got[0] == result.records[0]["clean_accuracy"] > 0.9
@@ -95,7 +102,7 @@ def test_top2_starting_points_are_correct_inputs_of_the_runner_up_class(clf, sub
 
 
 def test_pointwise_k0_equals_plain_foolbox_from_the_same_starts(clf, subset):
-    import foolbox as fb
+    fb = attacks.import_foolbox()
 
     x, y = subset[0][:16], subset[1][:16]
     starts, valid = attacks.top2_starting_points(clf, x, y)
@@ -104,7 +111,7 @@ def test_pointwise_k0_equals_plain_foolbox_from_the_same_starts(clf, subset):
     np.random.seed(5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want = fb.attacks.PointwiseAttack().run(fb.PyTorchModel(clf, bounds=(-1, 1)), x,
+        want = fb.attacks.PointwiseAttack().run(fb.PyTorchModel(clf, bounds=(-1, 1), device="cpu"), x,
                                                 fb.criteria.Misclassification(y), starting_points=starts)
     torch.manual_seed(5)
     np.random.seed(5)
@@ -143,7 +150,7 @@ def test_common_random_numbers_make_a_stochastic_model_repeatable(clf, subset):
 
 
 def test_project_to_ball_matches_foolbox_clip_perturbation(subset):
-    import foolbox as fb
+    fb = attacks.import_foolbox()
 
     x = subset[0][:6]
     far = (x + torch.randn(x.shape, generator=torch.Generator().manual_seed(0))).clamp(-1, 1)
@@ -159,7 +166,8 @@ def test_a_third_party_attack_with_only_the_base_interface_works(digits_classifi
         seen["model"] = type(model).__name__
         return torch.stack([(x + 2 * e).clamp(-1, 1) for e in epsilons])
 
-    result = robust(digits_classifier_ckpt, norm="linf", attacks=[shift], epsilons=[0, 0.5, 1.0], n=30, progress=False)
+    result = robust(digits_classifier_ckpt, norm="linf", attacks=[shift], epsilons=[0, 0.5, 1.0], n=30, progress=False,
+                    device="cpu")
     model = jemeval.load_model(digits_classifier_ckpt)
     ds = subsample(jemeval.load_dataset("digits", "test"), 30, seed=0)
     with torch.no_grad():
@@ -176,13 +184,14 @@ def test_an_attack_leaving_the_ball_is_refused(digits_classifier_ckpt):
         return torch.stack([torch.zeros_like(x) for _ in epsilons])
 
     with pytest.raises(JemevalError, match="larger than epsilon"):
-        robust(digits_classifier_ckpt, norm="l2", attacks=[cheat], epsilons=[0.1], n=10, progress=False)
+        robust(digits_classifier_ckpt, norm="l2", attacks=[cheat], epsilons=[0.1], n=10, progress=False, device="cpu")
 
     def wrong_shape(model, x, y, epsilons):
         return x
 
     with pytest.raises(JemevalError, match="expected a tensor of shape"):
-        robust(digits_classifier_ckpt, norm="l2", attacks=[wrong_shape], epsilons=[0.1], n=10, progress=False)
+        robust(digits_classifier_ckpt, norm="l2", attacks=[wrong_shape], epsilons=[0.1], n=10, progress=False,
+               device="cpu")
 
 
 def test_unknown_norms_and_bad_steps_are_usage_errors():
@@ -193,3 +202,61 @@ def test_unknown_norms_and_bad_steps_are_usage_errors():
     assert sorted(attacks.BUILTIN_ATTACKS) == ["boundary", "pgd", "pointwise"]
     assert {"pgd", "boundary", "pointwise"} <= set(jemeval.names("attack"))
     assert math.isclose(attacks.pgd("l2", steps=10).settings["rel_stepsize"], 0.25)
+
+
+# -- foolbox's import-time breakages ------------------------------------------------------------------
+NO_FILTERS = textwrap.dedent("""
+    import importlib.abc, sys
+    import scipy.ndimage
+
+    class NoFilters(importlib.abc.MetaPathFinder):  # SciPy 2.0 removes scipy.ndimage.filters
+        def find_spec(self, name, path, target=None):
+            if name == "scipy.ndimage.filters":
+                raise ModuleNotFoundError("No module named 'scipy.ndimage.filters'")
+
+    del sys.modules["scipy.ndimage.filters"], scipy.ndimage.filters
+    sys.meta_path.insert(0, NoFilters())
+    import jemeval.builtins.attacks as attacks
+    import jemeval.builtins.autoattack
+
+    fb = attacks.import_foolbox()
+    import foolbox.attacks.blur as blur
+
+    assert blur.gaussian_filter is scipy.ndimage.gaussian_filter
+    print("imported", fb.__version__)
+""")
+
+
+def _without_git(tmp_path: Path) -> dict[str, str]:
+    """The environment with an empty PATH (no git binary) and none of GitPython's settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_PYTHON")}
+    env["PATH"] = str(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    assert shutil.which("git", path=env["PATH"]) is None
+    return env
+
+
+@pytest.mark.slow
+def test_foolbox_attacks_and_robust_work_without_git_and_without_scipy_filters(digits_classifier_ckpt, tmp_path):
+    env = _without_git(tmp_path)
+    plain = subprocess.run([sys.executable, "-c", "import foolbox"], env=env, capture_output=True, text=True)
+    assert plain.returncode != 0 and "git" in plain.stderr.lower()  # the breakage is real here
+    ours = subprocess.run([sys.executable, "-c", NO_FILTERS], env=env, capture_output=True, text=True)
+    assert ours.returncode == 0 and ours.stdout.startswith("imported 3."), ours.stderr
+    cmd = [sys.executable, "-m", "jemeval", "robust", "--model", str(digits_classifier_ckpt), "--norm", "linf",
+           "--attack", "pgd", "--epsilons", "0,0.1", "--n", "5", "--steps", "2", "--device", "cpu", "--json"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert [r["attack"] for r in json.loads(res.stdout)["records"]] == ["pgd", "pgd"]
+
+
+def test_a_foolbox_that_cannot_be_imported_is_one_true_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "foolbox", None)
+    with pytest.raises(JemevalError, match=r"^foolbox \(pgd, boundary, pointwise\) could not be imported: "
+                                           r"ModuleNotFoundError: .*torchattacks attacks .* do not need it$"):
+        attacks.import_foolbox()
+
+
+def test_foolbox_model_uses_the_models_device(clf):
+    fmodel = attacks.foolbox_model(clf)
+    assert str(fmodel.device) == "cpu"  # not CUDA, even where CUDA is visible

@@ -1,4 +1,4 @@
-"""``--config FILE`` (YAML / TOML) on train, ood and robust, and ``jemeval train --print-config``."""
+"""``--config FILE`` (YAML / TOML) on train, ood, robust and report, and ``jemeval train --print-config``."""
 from __future__ import annotations
 
 import hashlib
@@ -175,3 +175,20 @@ def test_without_config_nothing_is_added_to_provenance(digits_classifier_ckpt):
     r = invoke("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", "logpx", "--n", "30",
                "--device", "cpu", "--json")
     assert r.exit_code == 0 and "config" not in json.loads(r.stdout)["provenance"]
+
+
+def test_report_reads_its_options_from_a_config(tmp_path, digits_classifier_ckpt):
+    """report takes the same --config: the file's values run, the command line wins, report.json records it."""
+    (tmp_path / "rep.yaml").write_text(f"model: [{digits_classifier_ckpt}]\nsections: accuracy\nn: 20\nseed: 4\n"
+                                       "device: cpu\nreport:\n  n: 16\n")
+    r = invoke("report", "--config", tmp_path / "rep.yaml", "--out", tmp_path / "r", "--seed", "5", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert {rec["section"] for rec in data["records"]} == {"accuracy"} and {rec["n"] for rec in data["records"]} == {16}
+    config = data["provenance"]["config"]
+    assert config["keys"] == ["device", "model", "n", "sections", "seed"] and config["options"]["seed"] == 5
+    r = invoke("report", "--config", tmp_path / "rep.yaml", "--sectons", "ood")
+    assert r.exit_code == 2 and "did you mean" in one_line(r).lower()
+    (tmp_path / "bad.yaml").write_text("sectons: ood\n")
+    r = invoke("report", "--config", tmp_path / "bad.yaml")
+    assert r.exit_code == 2 and "report has no option 'sectons' (did you mean 'sections'" in one_line(r)

@@ -113,6 +113,46 @@ def test_bpda_gradient_is_the_gradient_at_the_refined_point(tiny_model, batch):
     torch.testing.assert_close(got, want)
 
 
+def test_bpda_eot_gradient_is_bpda_over_every_draw_at_once(tiny_model, batch):
+    """bpda+eot: eot_samples x chains noisy copies refined without autograd, the loss of the logits
+    averaged over all of them, the identity backward summed back onto each input."""
+    x, y = batch
+    kw = {"chains": 2, "sigma": 0.05, "sgld": SGLD(step_size=1.0, noise=0.01)}
+    refined = RefinedClassifier(tiny_model, 2, grad_mode="bpda+eot", eot_samples=3,
+                                generator=torch.Generator().manual_seed(4), **kw)
+    assert refined.eot_samples == 3 and refined.settings()["grad_mode"] == "bpda+eot"
+    z = x.clone().requires_grad_(True)
+    (got,) = torch.autograd.grad(torch.nn.functional.cross_entropy(refined(z), y), z)
+
+    copies = 6
+    g = torch.Generator().manual_seed(4)
+    xs = x.repeat_interleave(copies, 0)
+    xs = xs + 0.05 * torch.randn(xs.shape, generator=g)
+    xs = SGLD(steps=2, step_size=1.0, noise=0.01).sample(tiny_model, xs, generator=g)
+    r = xs.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(tiny_model(r).reshape(3, copies, -1).mean(1), y)
+    (g_r,) = torch.autograd.grad(loss, r)
+    torch.testing.assert_close(got, g_r.reshape(3, copies, *x.shape[1:]).sum(1))
+    # one draw (bpda) is a different, noisier gradient
+    single = RefinedClassifier(tiny_model, 2, grad_mode="bpda", eot_samples=3,
+                               generator=torch.Generator().manual_seed(4), **kw)
+    z = x.clone().requires_grad_(True)
+    (one,) = torch.autograd.grad(torch.nn.functional.cross_entropy(single(z), y), z)
+    assert single.eot_samples == 1 and not torch.allclose(one, got)
+
+
+def test_stochastic_says_when_draws_can_differ(tiny_model):
+    quiet = SGLD(step_size=1.0, noise=0.0)
+    assert not RefinedClassifier(tiny_model, 0).stochastic
+    assert RefinedClassifier(tiny_model, 0, sigma=0.01).stochastic
+    assert RefinedClassifier(tiny_model, 2, sgld=SGLD(step_size=1.0, noise=0.01)).stochastic
+    assert not RefinedClassifier(tiny_model, 2, sgld=quiet).stochastic  # noiseless SGLD is a fixed map
+    x = torch.rand(2, 1, 8, 8) * 2 - 1
+    with torch.no_grad():
+        det = RefinedClassifier(tiny_model, 2, sgld=quiet)
+        assert torch.equal(det(x), det(x))
+
+
 def test_eot_averages_over_independent_draws(tiny_model, batch):
     x, _ = batch
     eot = RefinedClassifier(tiny_model, 1, chains=2, sigma=0.1, grad_mode="eot", eot_samples=3,
@@ -142,7 +182,7 @@ def test_sgld_defaults_come_from_the_checkpoint_config(tiny_model):
 @pytest.mark.parametrize("kwargs, words", [
     ({"steps": -1}, "steps must be >= 0"),
     ({"steps": 1, "chains": 0}, "chains must be >= 1"),
-    ({"steps": 1, "grad_mode": "exact"}, "grad_mode must be one of full, bpda, eot"),
+    ({"steps": 1, "grad_mode": "exact"}, r"grad_mode must be one of full, bpda, eot, bpda\+eot"),
     ({"steps": 1, "sigma": -0.1}, "sigma must be >= 0"),
 ])
 def test_bad_arguments_say_what_is_allowed(tiny_model, kwargs, words):

@@ -148,7 +148,8 @@ def test_sanity_checks_flag_what_they_should():
     (["--norm", "l2", "--plot", "out.jpg"], "--plot must be a .png file"),
 ])
 def test_bad_input_is_one_clear_line(digits_classifier_ckpt, args, words):
-    res = CliRunner().invoke(cli, ["robust", "--model", str(digits_classifier_ckpt), "--n", "5", *args])
+    res = CliRunner().invoke(cli, ["robust", "--model", str(digits_classifier_ckpt), "--n", "5", "--device", "cpu",
+                                   *args])
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output
     error_lines = [line for line in res.output.splitlines() if "Error" in line]
@@ -252,3 +253,146 @@ def test_old_robust_and_distal_keywords_still_work(digits_classifier_ckpt, tmp_p
     assert len(caught) == 3 and "'targets' is now 'target'" in str(caught[0].message)
     assert res.records[0]["target"] == 1 and (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
     assert tuple(res.extra["images"].x.shape) == (2, 1, 8, 8) and "images" not in res.to_dict()
+
+
+# -- the stochastic-defence protocol: draws, Wilson intervals, EOT, the new checks -------------------
+@pytest.mark.parametrize("k, n", [(0, 1), (0, 10), (3, 10), (10, 10), (47, 100), (99, 100), (1, 300), (150, 300)])
+def test_wilson_interval_matches_scipy(k, n):
+    from scipy.stats import binomtest
+
+    from jemeval.evaluation.intervals import wilson_interval
+
+    want = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson_interval(k, n) == pytest.approx((want.low, want.high), abs=1e-12)
+
+
+def test_wilson_interval_by_hand_and_bad_counts():
+    from jemeval.evaluation.intervals import wilson_interval
+
+    low, high = wilson_interval(8, 10)  # p = 0.8, z = 1.96: (0.8 + 0.19208) / 1.38416 -+ 0.26728 / 1.38416
+    assert low == pytest.approx(0.49016, abs=1e-5) and high == pytest.approx(0.94332, abs=1e-5)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(100, 100)[1] == 1.0  # exact ends
+    with pytest.raises(ValueError):
+        wilson_interval(11, 10)
+
+
+class Identity:
+    """An attack that returns the clean inputs and records the classifier it was given."""
+
+    name = "identity"
+
+    def __init__(self, supports_eot=False):
+        self.calls, self.supports_eot = [], supports_eot
+
+    def __call__(self, model, x, y, epsilons, **kwargs):
+        self.calls.append((model.steps, model.grad_mode, model.eot_samples, kwargs.get("eot_samples")))
+        return x.unsqueeze(0).expand(len(epsilons), *x.shape).clone()
+
+
+def test_draws_count_an_input_robust_only_if_every_draw_classifies_it(digits_classifier_ckpt):
+    """robust_accuracy needs every one of the R fresh-noise re-checks correct; robust_accuracy_mean
+    averages them. The reference replays the documented seeds with RefinedClassifier directly."""
+    from jemeval.evaluation.intervals import wilson_interval
+    from jemeval.sampling.recorded import recorded_sgld
+    from jemeval.sampling.refinement import RefinedClassifier
+
+    n, seed, draws = 40, 5, 4
+    res = robust(digits_classifier_ckpt, norm="linf", refine_steps=1, attacks=[Identity()], epsilons=[0, 0.1],
+                 chains=1, chain_sigma=0.6, n=n, batch_size=n, seed=seed, draws=draws, device="cpu", progress=False)
+    model = jemeval.load_model(digits_classifier_ckpt)
+    sgld = recorded_sgld(model, 0)[0]
+
+    def refined(offset):
+        return RefinedClassifier(model, 1, chains=1, sigma=0.6, sgld=sgld,
+                                 generator=torch.Generator().manual_seed(seed + offset))
+
+    ds = subsample(jemeval.load_dataset("digits", "test"), n, seed=seed)
+    adv = torch.cat([ds.x, ds.x])  # epsilons 0 and 0.1, predicted in chunks of batch_size
+    with torch.no_grad():
+        clean = refined(1001)(ds.x).argmax(1) == ds.y
+        checker = refined(2000)
+        correct = torch.stack([torch.cat([checker(adv[:n]), checker(adv[n:])]).argmax(1).view(2, n) == ds.y
+                               for _ in range(draws)])
+    robust_want = (correct.all(0) & clean).sum(1).tolist()
+    mean_want = (correct & clean).double().mean(2).mean(0).tolist()
+    for r, count, mean in zip(res.records, robust_want, mean_want):
+        assert r["robust_accuracy"] == count / n and r["robust_accuracy_mean"] == pytest.approx(mean, abs=1e-12)
+        assert (r["ci_low"], r["ci_high"]) == wilson_interval(count, n) and r["draws"] == draws
+    assert res.records[0]["robust_accuracy"] < res.records[0]["robust_accuracy_mean"]  # the draws disagree here
+    assert res.provenance["settings"]["draws"] == draws
+
+
+def test_grad_modes_collapse_where_noise_changes_nothing_and_eot_goes_where_it_belongs(digits_classifier_ckpt):
+    plain, native = Identity(), Identity(supports_eot=True)
+    res = robust(digits_classifier_ckpt, norm="linf", refine_steps=[0, 1], attacks=[plain, native],
+                 grad_mode=["full", "bpda+eot"], eot_samples=3, draws=5, epsilons=[0, 0.1], n=6, chains=2,
+                 device="cpu", progress=False)
+    # K=0 without chain noise is deterministic: one run (full), checked once; K=1: both modes, 5 draws
+    assert plain.calls == [(0, "full", 1, None), (1, "full", 1, None), (1, "bpda+eot", 3, None)]
+    assert native.calls == [(0, "full", 1, None), (1, "full", 1, None), (1, "bpda+eot", 1, 3)]
+    assert {(r["refine_steps"], r["grad_mode"], r["draws"], r["eot_samples"]) for r in res.records} == {
+        (0, "full", 1, 1), (1, "full", 5, 1), (1, "bpda+eot", 5, 3)}
+    assert res.provenance["settings"]["stochastic_refine_steps"] == [1]
+
+
+def _rec_norm(attack, k, mode, eps, acc, norm="linf", free=False):
+    return {**_rec(attack, k, mode, eps, acc, free=free), "norm": norm}
+
+
+def test_large_epsilon_check_covers_refinement_where_every_image_is_reachable():
+    """The independent finding: a refined baseline keeping 0.13 at Linf epsilon 1 went unflagged."""
+    recs = [_rec_norm("pgd", 2, "bpda", 0, 0.9), _rec_norm("pgd", 2, "bpda", 0.5, 0.3),
+            _rec_norm("pgd", 2, "bpda", 1.0, 0.13)]
+    (flag,) = [c for c in sanity_checks(recs, num_classes=10) if c["check"] == "large_epsilon_near_zero"]
+    assert not flag["passed"] and "refinement's randomness" in flag["message"] and "not robustness" in flag["message"]
+    assert "chance is 0.10" in flag["message"] and "epsilon 1," in flag["message"]
+    recs[-1]["robust_accuracy"] = 0.0
+    assert all(c["passed"] for c in sanity_checks(recs))
+    # K > 0 below the reachable epsilon is not judged (the defence may be robust there) ...
+    assert "large_epsilon_near_zero" not in {c["check"] for c in sanity_checks(recs[:2])}
+    # ... and for L2 the reachable size is the diameter sqrt(C x H x W) of the input space
+    l2 = [_rec_norm("pgd", 1, "full", 0, 0.9, "l2"), _rec_norm("pgd", 1, "full", 8.0, 0.2, "l2")]
+    assert not [c for c in sanity_checks(l2, input_dims=64) if c["check"] == "large_epsilon_near_zero"][0]["passed"]
+    assert "large_epsilon_near_zero" not in {c["check"] for c in sanity_checks(l2, input_dims=3 * 32 * 32)}
+
+
+def test_masking_check_flags_single_draw_gradients_beaten_by_eot():
+    recs = [_rec("apgd-ce", 2, "full", 0.1, 0.60), _rec("apgd-ce", 2, "bpda", 0.1, 0.50),
+            _rec("apgd-ce", 2, "bpda+eot", 0.1, 0.40), _rec("apgd-ce", 2, "eot", 0.1, 0.47),
+            _rec("pgd", 2, "full", 0.1, 0.30)]  # another attack is never compared with these
+    (check,) = [c for c in sanity_checks(recs) if c["check"] == "eot_not_beating_single_draw"]
+    assert not check["passed"] and "gradient masking" in check["message"]
+    assert "apgd-ce K=2 eps=0.1 (full 0.600 > bpda+eot 0.400)" in check["message"]
+    assert "bpda 0.500 > bpda+eot 0.400" in check["message"]
+    recs[1]["robust_accuracy"] = recs[0]["robust_accuracy"] = 0.44
+    assert [c["passed"] for c in sanity_checks(recs) if c["check"] == "eot_not_beating_single_draw"] == [True]
+    assert "eot_not_beating_single_draw" not in {c["check"] for c in sanity_checks(recs[:2])}
+
+
+def test_the_stochastic_defence_run_of_the_issue(ckpt):
+    """The digits JEM with --refine-steps 2 --draws 3 --grad-mode full,bpda+eot --attack
+    apgd-ce,autoattack --aa-version rand: the records carry the protocol's keys, the checks are in
+    the notes and in --json (sizes cut down: n, steps, EOT samples, chains)."""
+    res = CliRunner().invoke(cli, [
+        "robust", "--model", str(ckpt), "--norm", "linf", "--refine-steps", "2", "--draws", "3",
+        "--grad-mode", "full,bpda+eot", "--attack", "apgd-ce,autoattack", "--aa-version", "rand",
+        "--epsilons", "0,0.1,1", "--n", "8", "--steps", "2", "--eot-samples", "2", "--chains", "2",
+        "--json", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    recs = out["records"]
+    assert {(r["attack"], r["grad_mode"]) for r in recs} == {
+        ("apgd-ce", "full"), ("apgd-ce", "bpda+eot"), ("autoattack", "full"), ("autoattack", "bpda+eot")}
+    for r in recs:
+        assert {"draws", "ci_low", "ci_high", "eot_samples", "grad_mode", "robust_accuracy_mean"} <= set(r)
+        assert r["draws"] == 3 and r["eot_samples"] == (2 if r["grad_mode"] == "bpda+eot" else 1)
+        assert r["ci_low"] <= r["robust_accuracy"] <= r["ci_high"]
+        assert r["robust_accuracy"] <= r["robust_accuracy_mean"] <= r["clean_accuracy"]
+    names = {c["check"] for c in out["checks"]}
+    assert names >= {"epsilon0_equals_clean", "non_increasing", "large_epsilon_near_zero",
+                     "eot_not_beating_single_draw"}
+    assert all({"check", "passed", "message"} <= set(c) for c in out["checks"])
+    assert [c["message"] for c in out["checks"]] == out["notes"][:len(out["checks"])]
+    settings = out["provenance"]["settings"]
+    assert settings["attacks"]["autoattack"]["version"] == "rand" and settings["draws"] == 3

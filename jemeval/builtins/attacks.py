@@ -22,10 +22,18 @@ Decision-based attacks assume a deterministic classifier; a model with SGLD refi
 stochastic. They therefore query the model with *common random numbers*: the global RNG is reset to
 the same seed before every forward pass, so the decision surface the attack explores is fixed
 (one fixed draw of the chains' noise). jemeval re-classifies the result with fresh chains anyway.
+
+foolbox 3.3 (no release since 2024) breaks at import on a machine without a ``git`` binary (GitPython,
+for its model zoo) and will on SciPy 2 (``scipy.ndimage.filters``): :func:`prepare_foolbox_import`
+works around both, and a foolbox that still fails to import is reported in one line that says so.
+foolbox models always get ``device=`` the attacked model's device (foolbox picks CUDA when visible).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +42,7 @@ import torch
 from torch import nn
 
 from jemeval.components import NORMS, pixel_to_model_scale
-from jemeval.errors import UsageError
+from jemeval.errors import JemevalError, UsageError
 from jemeval.evaluation.threat import check_norm, project_to_ball
 from jemeval.hookspecs import hookimpl
 
@@ -53,17 +61,47 @@ def quiet_foolbox():
 
 
 def import_foolbox():
+    """foolbox, imported the one way jemeval does it (see :func:`prepare_foolbox_import`)."""
+    prepare_foolbox_import()
     with quiet_foolbox():
         try:
             import foolbox
-        except ImportError as exc:  # pragma: no cover - foolbox is a dependency
-            raise UsageError(f"the built-in attacks need foolbox ({exc}); pip install 'foolbox>=3.3'") from None
+        except Exception as exc:  # an import-time failure of any kind (GitPython raises ImportError)
+            raise JemevalError(f"foolbox (pgd, boundary, pointwise) could not be imported: {type(exc).__name__}: "
+                               f"{one_line(exc)}; the torchattacks attacks (apgd-ce, autoattack, ...) do not need "
+                               "it") from None
     return foolbox
 
 
+def prepare_foolbox_import() -> None:
+    """Work around foolbox 3.3's import-time breakages before importing it.
+
+    * foolbox imports GitPython (for its model zoo), which refuses to import without a ``git``
+      binary unless ``GIT_PYTHON_REFRESH=quiet``: set it (if unset); no attack here uses git.
+    * foolbox's blur attack imports ``scipy.ndimage.filters``, a namespace SciPy deprecated and
+      will remove in 2.0: where it is gone, alias it to ``scipy.ndimage`` (same functions).
+    """
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    if "scipy.ndimage.filters" not in sys.modules:
+        with quiet_foolbox():
+            try:
+                importlib.import_module("scipy.ndimage.filters")
+            except ImportError:
+                sys.modules["scipy.ndimage.filters"] = importlib.import_module("scipy.ndimage")
+
+
+def one_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (GitPython's run to a dozen)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
 def foolbox_model(model: nn.Module, device: torch.device | str | None = None):
-    """``fb.PyTorchModel`` on [-1, 1] (the model must already be in eval mode)."""
+    """``fb.PyTorchModel`` on [-1, 1] (the model must already be in eval mode), on ``device``, by
+    default the model's own (foolbox would otherwise pick CUDA whenever it is visible)."""
     fb = import_foolbox()
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with quiet_foolbox():
         return fb.PyTorchModel(model, bounds=BOUNDS, device=device)
 

@@ -70,13 +70,21 @@ def output_options(fn=None, *, result_flag: str = "--out", result_help: str | No
     return deco(fn) if fn is not None else deco
 
 
-def record_config(result) -> None:
-    """Add the config file the running command read (:mod:`jemeval.cli.config`) and the option
-    values it ran with to ``result.provenance["config"]``; nothing when no file was read."""
+def config_provenance() -> dict | None:
+    """The config file the running command read (:mod:`jemeval.cli.config`) and the option values it
+    ran with, as recorded in ``provenance["config"]``; None when no file was read."""
     ctx = click.get_current_context(silent=True)
     record = config_record(ctx)
-    if record is not None and ctx is not None and "config" not in result.provenance:
-        result.provenance["config"] = {**record, "options": resolved_options(ctx)}
+    if record is None or ctx is None:
+        return None
+    return {**record, "options": resolved_options(ctx)}
+
+
+def record_config(result) -> None:
+    """Add :func:`config_provenance` to ``result.provenance["config"]``; nothing when no file was read."""
+    config = config_provenance()
+    if config is not None and "config" not in result.provenance:
+        result.provenance["config"] = config
 
 
 def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=None, columns=None, title=None):

@@ -3,12 +3,21 @@
 For every run (attack, refinement steps K, gradient mode) each batch of inputs is attacked through
 a freshly built :class:`~jemeval.sampling.refinement.RefinedClassifier`, the adversarials are checked
 (shape, range, inside every epsilon ball) and **re-classified by another refined classifier with
-fresh chains**: nothing the attack says about its own success is trusted. An input counts as robust
-at epsilon only if it is classified correctly both clean and after the attack. Minimisation attacks
-also give each input's minimal adversarial perturbation (verified the same way).
+fresh chains**, ``draws`` times with fresh noise each time when the defence is stochastic: nothing
+the attack says about its own success is trusted. An input counts as robust at epsilon only if it
+is classified correctly clean and under every one of the draws (``robust_accuracy``, with its 95%
+Wilson interval ``ci_low``/``ci_high``); ``robust_accuracy_mean`` averages the draws instead.
+Minimisation attacks also give each input's minimal adversarial perturbation (verified the same
+way: found if any draw misclassifies it).
 
-Seeds: the clean predictions of K use ``seed + 1000 + K``, the re-check of run i ``seed + 2000 +
-97 i``, and attack calls on batch b run with torch and numpy seeded ``seed + 7919 b``.
+In the EOT gradient modes an attack that averages gradients over noise draws itself
+(``attack.supports_eot``, e.g. APGD's ``eot_iter``) is called with ``eot_samples=`` and attacks a
+single-draw classifier; any other attack attacks a classifier that averages its logits over
+``eot_samples`` draws.
+
+Seeds: the clean predictions of K use ``seed + 1000 + K``, the re-checks of run i ``seed + 2000 +
+97 i`` (its draws continue that stream), and attack calls on batch b run with torch and numpy
+seeded ``seed + 7919 b``.
 """
 from __future__ import annotations
 
@@ -25,9 +34,10 @@ from torch import nn
 
 from jemeval.components import pixel_to_model_scale
 from jemeval.errors import JemevalError
+from jemeval.evaluation.intervals import wilson_interval
 from jemeval.evaluation.threat import perturbation_norm, project_to_ball
 from jemeval.progress import ProgressArg, ProgressBar, progress_bar
-from jemeval.sampling.refinement import RefinedClassifier
+from jemeval.sampling.refinement import EOT_MODES, RefinedClassifier
 from jemeval.sampling.sgld import SGLD, frozen
 
 #: seconds between progress updates inside one attack call (see :class:`Heartbeat`)
@@ -130,16 +140,27 @@ class Defence:
     eot_samples: int
     checkpoint: bool | None
     seed: int
+    draws: int = 1
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
-    def classifier(self, k: int, mode: str, generator: torch.Generator | None = None) -> RefinedClassifier:
+    def classifier(self, k: int, mode: str, generator: torch.Generator | None = None,
+                   eot_samples: int | None = None) -> RefinedClassifier:
         """K refinement steps; a gradient-free run ("none") needs no gradient mode, so it gets "full"."""
         return RefinedClassifier(self.model, k, chains=self.chains, sigma=self.chain_sigma, sgld=self.sgld,
-                                 grad_mode="full" if mode == "none" else mode, eot_samples=self.eot_samples,
+                                 grad_mode="full" if mode == "none" else mode,
+                                 eot_samples=self.eot_samples if eot_samples is None else eot_samples,
                                  checkpoint=self.checkpoint, generator=generator)
+
+    def stochastic(self, k: int) -> bool:
+        """Whether K-step refinement is random (chain or SGLD noise): else one draw says it all."""
+        return self.classifier(k, "full").stochastic
+
+    def draws_for(self, k: int) -> int:
+        """Re-check draws at K: ``draws``, or 1 where the classifier is deterministic."""
+        return self.draws if self.stochastic(k) else 1
 
     def generator(self, offset: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(self.seed + offset)
@@ -184,30 +205,44 @@ def clean_correct(defence: Defence, ks: list[int], data: Batches, bar: ProgressB
     return clean
 
 
+def native_eot(run: Run) -> bool:
+    """The run averages gradients over noise draws inside the attack (``attack.supports_eot``)."""
+    return run.grad_mode in EOT_MODES and bool(getattr(run.attack, "supports_eot", False))
+
+
+def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: torch.Tensor, yb: torch.Tensor,
+                 data: Batches, bar: ProgressBar) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(adversarials E x N, the raw minimal adversarials of a minimisation attack or None) of batch b."""
+    eps, norm = data.epsilons, data.norm
+    with seeded(defence.seed + 7919 * b, defence.device), frozen(defence.model), Heartbeat(bar).watching(attacked):
+        if is_minimization(run.attack):
+            raw = run.attack.minimize(attacked, xb, yb).detach()
+            return torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps]), raw
+        if native_eot(run):
+            return run.attack(attacked, xb, yb, eps, eot_samples=defence.eot_samples), None
+        return run.attack(attacked, xb, yb, eps), None
+
+
 def attack_run(defence: Defence, run: Run, index: int, data: Batches, bar: ProgressBar):
-    """(correct after attack E x N, verified minimal perturbations N or None, inputs without a start)."""
+    """(correct after attack R x E x N over the R re-check draws, verified minimal perturbations N or
+    None, inputs without a start)."""
     bar.describe(f"robust: {run.name} K={run.refine_steps} {run.grad_mode}")
-    attacked = defence.classifier(run.refine_steps, run.grad_mode).eval()
+    attacked = defence.classifier(run.refine_steps, run.grad_mode, eot_samples=1 if native_eot(run) else None).eval()
     checker = defence.classifier(run.refine_steps, "full", defence.generator(2000 + 97 * index))
-    eps, norm, device = data.epsilons, data.norm, defence.device
-    correct_adv = torch.zeros(len(eps), len(data.x), dtype=torch.bool, device=device)
+    eps, device, draws = data.epsilons, defence.device, defence.draws_for(run.refine_steps)
+    correct_adv = torch.zeros(draws, len(eps), len(data.x), dtype=torch.bool, device=device)
     min_pert = torch.full((len(data.x),), math.inf, dtype=torch.float64, device=device)
     without_start = 0
     for b, (lo, hi) in enumerate(data.spans):
         xb, yb = data.x[lo:hi], data.y[lo:hi]
-        with seeded(defence.seed + 7919 * b, device), frozen(defence.model), Heartbeat(bar).watching(attacked):
-            raw = run.attack.minimize(attacked, xb, yb).detach() if is_minimization(run.attack) else None
-            if raw is not None:
-                adv = torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps])
-            else:
-                adv = run.attack(attacked, xb, yb, eps)
+        adv, raw = attack_batch(defence, run, attacked, b, xb, yb, data, bar)
         without_start += int(getattr(run.attack, "last_without_start", 0) or 0)
-        adv = validate_adversarials(adv, xb, eps, norm, run.name)
-        preds = predict_batches(checker, adv.reshape(-1, *xb.shape[1:]), data.batch_size).view(len(eps), -1)
-        correct_adv[:, lo:hi] = preds == yb
-        if raw is not None:  # verified minimal perturbation, pixel units
-            fooled = predict_batches(checker, raw, data.batch_size) != yb
-            size = perturbation_norm(xb, raw, norm).double() / 2
+        adv = validate_adversarials(adv, xb, eps, data.norm, run.name).reshape(-1, *xb.shape[1:])
+        for r in range(draws):
+            correct_adv[r, :, lo:hi] = predict_batches(checker, adv, data.batch_size).view(len(eps), -1) == yb
+        if raw is not None:  # verified minimal perturbation, pixel units: found if any draw is fooled
+            fooled = torch.stack([predict_batches(checker, raw, data.batch_size) != yb for _ in range(draws)]).any(0)
+            size = perturbation_norm(xb, raw, data.norm).double() / 2
             min_pert[lo:hi] = torch.where(fooled, size, torch.full_like(size, math.inf))
         bar.update(1)
     return correct_adv, (min_pert if is_minimization(run.attack) else None), without_start
@@ -215,20 +250,27 @@ def attack_run(defence: Defence, run: Run, index: int, data: Batches, bar: Progr
 
 def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Tensor, is_clean: torch.Tensor,
                 median: float | None, seconds: float) -> list[dict[str, Any]]:
-    """One record per epsilon of a run."""
-    robust_acc = (correct_adv & is_clean.unsqueeze(0)).double().mean(1).tolist()
+    """One record per epsilon of a run; ``correct_adv`` is draws x epsilons x inputs."""
+    robust = correct_adv.all(0) & is_clean.unsqueeze(0)  # E x N: correct clean and under every draw
+    draws = int(correct_adv.shape[0])
+    correct_draws = (correct_adv & is_clean).sum((0, 2)).tolist()  # per epsilon, over draws and inputs
     clean_acc = float(is_clean.double().mean())
     settings = dict(getattr(run.attack, "settings", {}) or {})
-    mode = run.grad_mode
-    return [{
-        "attack": run.name, "norm": data.norm, "epsilon": e, "refine_steps": run.refine_steps,
-        "robust_accuracy": acc, "clean_accuracy": clean_acc, "n": len(data.x), "grad_mode": mode,
-        "chains": defence.chains, "sigma": defence.chain_sigma,
-        "eot_samples": defence.eot_samples if mode == "eot" else None,
-        "steps": settings.get("steps"), "restarts": settings.get("restarts"),
-        "gradient_free": bool(getattr(run.attack, "gradient_free", False)),
-        "median_min_perturbation": median, "seconds": round(seconds, 3),
-    } for e, acc in zip(data.epsilons, robust_acc)]
+    mode, n = run.grad_mode, len(data.x)
+    eot = None if mode == "none" else defence.eot_samples if mode in EOT_MODES else 1
+    records = []
+    for e, count, total in zip(data.epsilons, robust.sum(1).tolist(), correct_draws):
+        low, high = wilson_interval(count, n)
+        records.append({
+            "attack": run.name, "norm": data.norm, "epsilon": e, "refine_steps": run.refine_steps,
+            "robust_accuracy": count / n, "clean_accuracy": clean_acc, "n": n, "grad_mode": mode,
+            "ci_low": low, "ci_high": high, "draws": draws, "robust_accuracy_mean": total / (draws * n),
+            "chains": defence.chains, "sigma": defence.chain_sigma, "eot_samples": eot,
+            "steps": settings.get("steps"), "restarts": settings.get("restarts"),
+            "gradient_free": bool(getattr(run.attack, "gradient_free", False)),
+            "median_min_perturbation": median, "seconds": round(seconds, 3),
+        })
+    return records
 
 
 def minimal_perturbations(run: Run, data: Batches, min_pert: torch.Tensor, is_clean: torch.Tensor) -> dict[str, Any]:

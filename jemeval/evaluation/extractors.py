@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from jemeval.atomic import write_atomic
+from jemeval.caches.reference_features import ReferenceCache
 from jemeval.errors import CheckpointError, UsageError
 from jemeval.evaluation.inception import (
     EXTRACTORS,
@@ -45,7 +42,6 @@ TF_METRIC = {"is": "isc", "fid": "fid", "kid": "kid", "precision": "prc", "recal
 DEFAULT_EXTRACTOR = {"isc": INCEPTION, "fid": INCEPTION, "kid": INCEPTION, "prc": "vgg16"}
 #: how images reach each network, for the provenance
 NETWORK_INPUT = {INCEPTION: [299, 299], "vgg16": [224, 224]}
-CACHE_FORMAT = "jemeval-reference-features"
 PRC_NEIGHBORHOOD = 3
 KID_SUBSETS = 100
 
@@ -150,7 +146,9 @@ def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, me
     options = {"isc_splits": max(1, min(isc_splits, n1)), "samples_shuffle": True, "rng_seed": seed,
                "kid_subsets": KID_SUBSETS, "kid_subset_size": min(kid_subset_size, n1, n2 or n1),
                "prc_neighborhood": PRC_NEIGHBORHOOD, "save_cpu_ram": True, "verbose": False}
-    cache = ReferenceCache(ref_cache, reference, ref_info) if ref_cache is not None and reference is not None else None
+    cache = None
+    if ref_cache is not None and reference is not None:
+        cache = ReferenceCache(ref_cache, reference_identity(reference), ref_info)
     records, settings = [], {"torch_fidelity_version": getattr(tf, "__version__", None), **options}
     for name, wanted in metric_extractors(metrics, feature_extractor).items():
         layers = _layers(name, wanted)
@@ -171,76 +169,10 @@ def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, me
     return sorted(records, key=lambda r: order[r["metric"]]), settings
 
 
-def pixels_sha256(images: torch.Tensor) -> str:
-    """SHA-256 of the uint8 RGB pixels the networks see: the identity of a reference set."""
-    return hashlib.sha256(Uint8Images(images).x.numpy().tobytes()).hexdigest()
+def reference_identity(images: torch.Tensor) -> dict[str, Any]:
+    """What makes a reference set the same one: the SHA-256 of the uint8 RGB pixels the networks see, and the shape."""
+    return {"pixels_sha256": hashlib.sha256(Uint8Images(images).x.numpy().tobytes()).hexdigest(),
+            "shape": list(images.shape)}
 
 
-class ReferenceCache:
-    """The reference features of one reference set in a ``.npz`` file (see the module docstring)."""
-
-    def __init__(self, path: str | os.PathLike, reference: torch.Tensor, info: dict | None) -> None:
-        self.path = Path(path)
-        if self.path.suffix.lower() != ".npz":
-            raise UsageError(f"ref_cache must be a .npz file, got {str(self.path)!r}", param="ref_cache")
-        self.identity = {"pixels_sha256": pixels_sha256(reference), "shape": list(reference.shape)}
-        self.info = info or {}
-        self.meta, self.arrays = self._read()
-        self.hits: list[str] = []
-        self.written = False
-
-    def _read(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        if not self.path.exists():
-            return {"format": CACHE_FORMAT, "version": 1, "reference": {**self.identity, "info": self.info},
-                    "extractors": {}}, {}
-        try:
-            with np.load(self.path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-            meta = json.loads(str(arrays.pop("meta")))
-        except Exception as exc:  # noqa: BLE001 - not an npz, no meta, damaged: one line
-            raise UsageError(f"ref_cache {str(self.path)!r} is not a reference-features file written by jemeval "
-                             f"({type(exc).__name__}); give another file or delete it", param="ref_cache") from None
-        if meta.get("format") != CACHE_FORMAT:
-            raise UsageError(f"ref_cache {str(self.path)!r} is not a reference-features file written by jemeval",
-                             param="ref_cache")
-        held = {k: meta.get("reference", {}).get(k) for k in self.identity}
-        if held != self.identity:
-            raise UsageError(f"ref_cache {str(self.path)!r} holds the features of other reference images "
-                             f"({meta.get('reference', {}).get('info') or held}); give another file or delete it",
-                             param="ref_cache")
-        return meta, arrays
-
-    def features(self, name: str, weights: dict[str, Any], layers: list[str],
-                 compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The reference features of ``layers`` from the file, or computed now and added to it."""
-        entry = self.meta["extractors"].get(name)
-        if entry is not None and entry.get("weights_sha256") != weights["sha256"]:
-            raise UsageError(f"ref_cache {str(self.path)!r} holds {name} features of other weights (sha256 "
-                             f"{str(entry.get('weights_sha256'))[:12]}...); give another file or delete it",
-                             param="ref_cache")
-        if entry is not None and set(layers) <= set(entry["layers"]):
-            self.hits.append(name)
-            return {layer: torch.from_numpy(self.arrays[f"{name}/{layer}"]) for layer in layers}
-        computed = compute()
-        kept = sorted(set(computed) | set(entry["layers"] if entry else []))
-        for layer, value in computed.items():
-            self.arrays[f"{name}/{layer}"] = value.numpy()
-        self.meta["extractors"][name] = {"weights_sha256": weights["sha256"], "layers": kept}
-        self._write()
-        return {layer: computed[layer] for layer in layers}
-
-    def _write(self) -> None:
-        meta = np.array(json.dumps(self.meta, sort_keys=True))
-
-        def save(tmp: Path) -> None:
-            with open(tmp, "wb") as fh:  # a file object: np.savez would append .npz to a path
-                np.savez(fh, meta=meta, **self.arrays)
-
-        write_atomic(self.path, save)
-        self.written = True
-
-    def describe(self) -> dict[str, Any]:
-        return {"path": str(self.path), "used": self.hits, "written": self.written, **self.identity}
-
-
-__all__ = ["EXTRACTORS", "LIBRARY_METRICS", "ReferenceCache", "library_metrics", "metric_extractors"]
+__all__ = ["EXTRACTORS", "LIBRARY_METRICS", "library_metrics", "metric_extractors"]

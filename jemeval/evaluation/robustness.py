@@ -4,11 +4,12 @@
 random subset of the test set and returns one record per (attack, refinement steps K, gradient
 mode, epsilon). The attacked model is :class:`~jemeval.sampling.refinement.RefinedClassifier` (K SGLD
 steps in ``chains`` copies of each input, each noised by ``chain_sigma``, logits averaged); how the
-attacker differentiates through it is the ``grad_mode`` (full / bpda / eot).
+attacker differentiates through it is the ``grad_mode`` (full / bpda / eot / bpda+eot).
 
 Nothing the attack says about its own success is trusted: every adversarial is re-classified by a
-fresh refined classifier (new noise), and an input counts as robust at epsilon only if it is
-classified correctly both clean and after the attack (:mod:`jemeval.evaluation.attack_loop`).
+fresh refined classifier (new noise, ``draws`` times), and an input counts as robust at epsilon only
+if it is classified correctly clean and under every draw after the attack
+(:mod:`jemeval.evaluation.attack_loop`); each robust accuracy carries a 95% Wilson interval.
 
 The result carries the adaptive-defence sanity checks (:mod:`jemeval.evaluation.robust_checks`) as
 notes and in ``extra["checks"]``; ``extra["minimal_perturbations"]`` holds what minimisation attacks
@@ -44,7 +45,7 @@ from jemeval.provenance import provenance
 from jemeval.registry import call_with_supported, check_options, parse_spec
 from jemeval.results import Result
 from jemeval.sampling.recorded import recorded_sgld
-from jemeval.sampling.refinement import GRAD_MODES, sampler_note
+from jemeval.sampling.refinement import EOT_MODES, GRAD_MODES, sampler_note
 
 __all__ = ["DEFAULT_EPSILONS", "distortion_curve", "make_attack", "robust", "sanity_checks"]
 
@@ -86,6 +87,15 @@ def check_grad_modes(modes: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def check_aa_version(aa_version: str | None) -> None:
+    """AutoAttack's version: standard, rand or None (the attack's default, standard)."""
+    versions = ("standard", "rand")
+    if aa_version is not None and aa_version not in versions:
+        raise UsageError(f"unknown aa_version {aa_version!r}{did_you_mean(str(aa_version), versions)}: use standard "
+                         "(APGD-CE, APGD-T, FAB-T, Square) or rand (APGD-CE and APGD-DLR with EOT, for randomised "
+                         "defences)", param="aa_version")
+
+
 def check_norm_param(norm: str) -> str:
     """:func:`~jemeval.evaluation.threat.check_norm` for the ``norm`` parameter (its message names it)."""
     try:
@@ -124,18 +134,21 @@ def attack_specs(attacks: Any) -> list[Any]:
     return specs
 
 
-def plan_runs(ks: list[int], named: list[tuple[str, Any]], modes: list[str], chain_sigma: float) -> list[Run]:
+def plan_runs(ks: list[int], named: list[tuple[str, Any]], modes: list[str], stochastic) -> list[Run]:
     """Every (attack, K, gradient mode) run, equivalent ones collapsed: gradient-free attacks have no
-    gradient mode ("none"); with K = 0 full and bpda coincide, and eot only differs with noise."""
+    gradient mode ("none"); with K = 0 full and bpda coincide (nothing to differentiate through), and
+    where ``stochastic(k)`` is false averaging over noise draws changes nothing (eot is full, bpda+eot
+    is bpda)."""
     runs = []
     for k in ks:
         for name, attack in named:
             if getattr(attack, "gradient_free", False):
                 run_modes = ["none"]
-            elif k == 0:
-                run_modes = list(dict.fromkeys("eot" if (m == "eot" and chain_sigma > 0) else "full" for m in modes))
             else:
-                run_modes = modes
+                run_modes = [EOT_MODES.get(m, m) if not stochastic(k) else m for m in modes]
+                if k == 0:
+                    run_modes = [{"bpda": "full", "bpda+eot": "eot"}.get(m, m) for m in run_modes]
+                run_modes = list(dict.fromkeys(run_modes))
             runs.extend(Run(name, attack, k, m) for m in run_modes)
     return runs
 
@@ -176,6 +189,8 @@ def robust(
     chains: int = 5,
     chain_sigma: float = 0.0,
     eot_samples: int = 10,
+    draws: int = 1,
+    aa_version: str | None = None,
     checkpoint: bool | None = None,
     sgld_step_size: float | None = None,
     sgld_noise: float | None = None,
@@ -187,11 +202,15 @@ def robust(
 ) -> Result:
     """Robust accuracy of ``model`` under ``attacks`` for every (K, grad mode, epsilon).
 
-    ``steps`` / ``restarts`` are offered to attacks that take them (PGD: iterations and random
-    restarts; Boundary: iterations). ``eot_samples`` only matters with ``grad_mode="eot"``. With
-    K = 0 there is nothing to differentiate through, so the full and bpda modes coincide and K = 0
-    is attacked once per attack (recorded as ``full``). Gradient-free attacks ignore the gradient
-    mode (recorded as ``none``). ``chain_sigma`` (default 0) is the noise added to each chain before
+    ``steps`` / ``restarts`` are offered to attacks that take them (PGD, APGD: iterations and random
+    restarts; Boundary: iterations); ``aa_version`` (standard or rand) to AutoAttack as its
+    ``version``. ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws
+    averaged per gradient; APGD averages them in its own loop). With K = 0 there is nothing to
+    differentiate through, so the full and bpda modes coincide and K = 0 is attacked once per attack
+    (recorded as ``full``). Gradient-free attacks ignore the gradient mode (recorded as ``none``).
+    ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only
+    if all of them classify it correctly (>= 5 recommended for a refined model; a deterministic
+    classifier is checked once). ``chain_sigma`` (default 0) is the noise added to each chain before
     refinement; the JEM release used 0.03. ``checkpoint``: gradient checkpointing through refinement.
     """
     norm = check_norm_param(norm)
@@ -199,6 +218,9 @@ def robust(
     modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
     specs = attack_specs(attacks)
     check_min("chains", int(chains), 1)
+    check_min("eot_samples", int(eot_samples), 1)
+    check_min("draws", int(draws), 1)
+    check_aa_version(aa_version)
     check_min("chain_sigma", float(chain_sigma), 0)
     check_min("batch_size", int(batch_size), 1)
     model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
@@ -206,12 +228,13 @@ def robust(
     inputs = attack_inputs(model, data, norm, epsilons, n=n, seed=seed, batch_size=batch_size, data_root=data_root,
                            download=download)
     sgld, _ = recorded_sgld(model, 0, step_size=sgld_step_size, noise=sgld_noise)
-    context = {k: v for k, v in {"steps": steps, "restarts": restarts, "crn_seed": seed}.items() if v is not None}
+    context = {k: v for k, v in {"steps": steps, "restarts": restarts, "crn_seed": seed,
+                                 "version": aa_version}.items() if v is not None}
     named = [make_attack(spec, norm, context=context) for spec in specs]
-    defence = Defence(model, chains, chain_sigma, sgld, eot_samples, checkpoint, seed)
-    records, min_perturbations, notes = run_attacks(defence, plan_runs(ks, named, modes, chain_sigma), ks, inputs,
-                                                    progress=progress)
-    checks = sanity_checks(records)
+    defence = Defence(model, chains, chain_sigma, sgld, int(eot_samples), checkpoint, seed, int(draws))
+    records, min_perturbations, notes = run_attacks(defence, plan_runs(ks, named, modes, defence.stochastic), ks,
+                                                    inputs, progress=progress)
+    checks = sanity_checks(records, input_dims=int(np.prod(inputs.x.shape[1:])), num_classes=model.num_classes)
     settings = robust_settings(defence, inputs, ks, modes, named, data)
     return Result(
         records=records,
@@ -230,11 +253,15 @@ def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: lis
         "epsilon_units": "pixel units in [0, 1] (model space = 2 x epsilon)",
         "refine_steps": ks, "grad_modes": modes, "chains": defence.chains, "sigma": defence.chain_sigma,
         "eot_samples": defence.eot_samples, "gradient_checkpointing": defence.checkpoint,
+        "draws": defence.draws, "stochastic_refine_steps": [k for k in ks if defence.stochastic(k)],
         "sgld": {k: v for k, v in defence.sgld.settings().items() if k != "steps"},
         "sgld_note": sampler_note(defence.model),
         "attacks": {name: dict(getattr(a, "settings", {}) or {}) for name, a in named},
         "data": str(data), "split": "test", "n": len(inputs.x), "subset_seed": seed, "batch_size": inputs.batch_size,
         "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",
-                  "clean_chains": f"{seed} + 1000 + K", "recheck_chains": f"{seed} + 2000 + 97 * run"},
-        "robust_definition": "correct on the clean input and on the adversarial, both re-classified by jemeval",
+                  "clean_chains": f"{seed} + 1000 + K",
+                  "recheck_chains": f"{seed} + 2000 + 97 * run (its draws continue the stream)"},
+        "robust_definition": "correct on the clean input and on the adversarial under every one of the draws "
+                             "(fresh noise each), all re-classified by jemeval; robust_accuracy_mean averages the "
+                             "draws; ci_low/ci_high: 95% Wilson interval of robust_accuracy",
     }

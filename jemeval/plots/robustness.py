@@ -1,12 +1,14 @@
 """Robust accuracy vs epsilon: one line per (attack, refinement steps K, gradient mode).
 
-Colour encodes K, line style the gradient mode (full, bpda, eot; dash-dot for gradient-free
-attacks), the marker the attack. Lines that coincide (every gradient mode at 0 once the attack wins,
-or K=0 under full and BPDA gradients, which are the same attack) stay distinguishable: where k later
-lines run along a line, that line is drawn as a band k times wider underneath, and where k later
-lines pass through one of its points, its marker gets k rings (:func:`jemeval.plots.draw_overlaps`);
-no value is moved. For minimisation attacks the robustness-distortion curve derived from the
-per-example minimal perturbations is drawn as a thin step line of the same colour.
+Colour encodes K, line style the gradient mode (full, bpda, eot, bpda+eot; dash-dot for
+gradient-free attacks), the marker the attack; a light band of the same colour is the 95% Wilson
+interval where the records carry one. Lines that coincide (every gradient mode at 0 once the attack
+wins, or K=0 under full and BPDA gradients, which are the same attack) stay distinguishable: where k
+later lines run along a line, that line is drawn as a band k times wider underneath, and where k
+later lines pass through one of its points, its marker gets k rings
+(:func:`jemeval.plots.draw_overlaps`); no value is moved. For minimisation attacks the
+robustness-distortion curve derived from the per-example minimal perturbations is drawn as a thin
+step line of the same colour.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from typing import Any
 
 from jemeval.plots import draw_overlaps, pyplot, save_figure
 
-LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "none": "-."}
-MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^"}
+LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "bpda+eot": (0, (5, 1, 1, 1, 1, 1)), "none": "-."}
+MARKERS = {"pgd": "o", "boundary": "s", "pointwise": "^", "apgd-ce": "v", "apgd-dlr": "<", "apgd-t": ">",
+           "fab": "P", "square": "X", "cw": "*", "autoattack": "h"}
 
 
 def plot_robustness(records: Sequence[dict[str, Any]], path: str | Path, *,
@@ -48,6 +51,9 @@ def draw_robustness(records: Sequence[dict[str, Any]], *, min_perturbations: Seq
         ax.plot(*xy, color=colours[k], linestyle=LINESTYLES.get(mode, "-"), marker=MARKERS.get(attack, "D"),
                 markersize=4, label=label)
         lines.append((xy, colours[k], MARKERS.get(attack, "D")))
+        if all(r.get("ci_low") is not None and r.get("ci_high") is not None for r in rows):
+            ax.fill_between(xy[0], [r["ci_low"] for r in rows], [r["ci_high"] for r in rows], color=colours[k],
+                            alpha=0.08, linewidth=0)
     draw_overlaps(ax, [xy for xy, _, _ in lines], [c for _, c, _ in lines], width=1.5, marker_size=4,
                   markers=[m for _, _, m in lines])
     for mp in min_perturbations:

@@ -19,6 +19,14 @@ attack is, so it is an explicit, recorded setting (``grad_mode``):
 ``eot``
     expectation over transformation: the logits averaged over ``eot_samples`` independent draws
     of the chains' noise, each differentiated exactly as in ``full``.
+``bpda+eot``
+    BPDA's identity backward, averaged over ``eot_samples`` independent noise draws: the cheap
+    gradient of ``bpda`` without its single-draw variance (the usual attack on a randomised,
+    non-differentiable pre-processing defence; Athalye et al. 2018).
+
+An attack that averages gradients over draws itself (APGD's ``eot_iter``) gets a classifier with
+``eot_samples=1`` in the EOT modes and does the averaging in its own loop instead (see
+:mod:`jemeval.evaluation.attack_loop`).
 
 With ``steps=0`` and ``sigma=0`` the wrapper returns the model's own logits, bit for bit, so a
 K = 0 attack is exactly an attack on the plain model.
@@ -36,7 +44,9 @@ from jemeval.errors import UsageError
 from jemeval.sampling.recorded import recorded_sgld, sampler_note
 from jemeval.sampling.sgld import SGLD, frozen, input_grad
 
-GRAD_MODES = ("full", "bpda", "eot")
+GRAD_MODES = ("full", "bpda", "eot", "bpda+eot")
+#: the modes that average over ``eot_samples`` noise draws, and the single-draw mode each extends
+EOT_MODES = {"eot": "full", "bpda+eot": "bpda"}
 #: refinement with at least this many steps uses gradient checkpointing when ``checkpoint=None``
 AUTO_CHECKPOINT_STEPS = 5
 
@@ -80,7 +90,7 @@ class RefinedClassifier(nn.Module):
         base = sgld if sgld is not None else recorded_sgld(model, self.steps)[0]
         self.sgld = dataclasses.replace(base, steps=self.steps)
         self.grad_mode = grad_mode
-        self.eot_samples = int(eot_samples) if grad_mode == "eot" else 1
+        self.eot_samples = int(eot_samples) if grad_mode in EOT_MODES else 1
         self.checkpoint = (self.steps >= AUTO_CHECKPOINT_STEPS) if checkpoint is None else bool(checkpoint)
         self.generator = generator
 
@@ -110,6 +120,12 @@ class RefinedClassifier(nn.Module):
         for p in self.model.parameters():
             return p.device
         return torch.device("cpu")
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether two calls on the same input can differ (chain noise, or SGLD noise in >= 1 step):
+        only then do noise draws, EOT and repeated re-checks mean anything."""
+        return self.sigma > 0 or (self.steps > 0 and self.sgld.noise > 0)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
@@ -157,7 +173,7 @@ class RefinedClassifier(nn.Module):
             refined = xs
         elif not needs_graph:
             refined = self._refine(xs.detach(), create_graph=False)
-        elif self.grad_mode == "bpda":
+        elif self.grad_mode in ("bpda", "bpda+eot"):
             # forward at the refined point, backward as if refinement were the identity
             refined = xs + (self._refine(xs.detach(), create_graph=False) - xs).detach()
         else:  # full / eot: differentiate through every step

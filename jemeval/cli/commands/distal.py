@@ -20,7 +20,8 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
               help="Adam learning rate on the pixels ([-1, 1] space).")
 @click.option("--refine-steps", type=int, default=0, show_default=True,
               help="SGLD refinement steps inside the classifier.")
-@click.option("--grad-mode", type=click.Choice(["full", "bpda", "eot"]), default="full", show_default=True,
+@click.option("--grad-mode", type=click.Choice(["full", "bpda", "eot", "bpda+eot"]), default="full",
+              show_default=True,
               help="How gradients pass through refinement.")
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains averaged.")
 @click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,

@@ -17,8 +17,8 @@ from jemeval.cli.options import (
 from jemeval.cli.output import emit, output_options, progress, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
 
-COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "clean_accuracy", "n",
-           "median_min_perturbation", "seconds"]
+COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "ci_low", "ci_high",
+           "robust_accuracy_mean", "clean_accuracy", "n", "draws", "eot_samples", "median_min_perturbation", "seconds"]
 
 
 def split_attack_specs(value: str) -> list[str]:
@@ -40,26 +40,34 @@ def split_attack_specs(value: str) -> list[str]:
               help="SGLD refinement steps K before classifying; a list (0,1,10) attacks each K and plots them "
                    "together.")
 @click.option("--attack", "attacks", default="pgd", show_default=True,
-              help="Attack(s), comma-separated: pgd, boundary, pointwise or a plugin's; options as "
-                   "pgd:steps=100,restarts=5.")
+              help="Attack(s), comma-separated: apgd-ce, apgd-dlr, apgd-t, fab, square, cw, autoattack "
+                   "(torchattacks: pip install 'jemeval[attacks]'), pgd, boundary, pointwise (foolbox) or a plugin's; "
+                   "options as pgd:steps=100,restarts=5.")
+@click.option("--aa-version", type=click.Choice(["standard", "rand"]), default=None,
+              help="AutoAttack version: standard (APGD-CE, APGD-T, FAB-T, Square) or rand (APGD-CE, APGD-DLR with "
+                   "EOT from --grad-mode eot/bpda+eot, for randomised defences). Default: standard.")
 @click.option("--epsilons", default=None,
               help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255 (default: a norm-specific list "
                    "ending at a size that should defeat any undefended model).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True,
               help="Seeded random subset of the test set (the paper: 300).")
 @click.option("--steps", type=int, default=None,
-              help="Attack iterations (PGD default 40, the paper 100; Boundary default 1000).")
-@click.option("--restarts", type=int, default=None, help="PGD random restarts (default 1, the paper 20).")
+              help="Attack iterations (PGD default 40, the paper 100; APGD, FAB, AutoAttack 100; Boundary 1000).")
+@click.option("--restarts", type=int, default=None,
+              help="Random restarts of PGD and APGD (default 1; the paper's PGD 20).")
 @click.option("--grad-mode", default="full", show_default=True,
-              help="How the attacker differentiates through refinement: full, bpda (the release's), eot; a list "
-                   "runs each.")
+              help="How the attacker differentiates through refinement: full, bpda (the release's), eot, bpda+eot "
+                   "(eot: averaged over --eot-samples noise draws); a list runs each.")
+@click.option("--draws", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Fresh-noise re-checks of every adversarial; an input is robust only if all classify it "
+                   "correctly (use >= 5 with refinement).")
 @click.option("--chains", type=int, default=5, show_default=True,
               help="Noisy copies of each input refined and averaged (the paper: 5).")
 @click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,
               help="Std of the noise added to each chain before refinement (the JEM release used 0.03: pass "
                    "--sigma 0.03 to reproduce it).")
 @click.option("--eot-samples", type=int, default=10, show_default=True,
-              help="Noise draws averaged per gradient with --grad-mode eot.")
+              help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter).")
 @click.option("--grad-checkpoint/--no-grad-checkpoint", "checkpoint", default=None,
               help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from "
                    "5 steps.")
@@ -76,21 +84,25 @@ def split_attack_specs(value: str) -> list[str]:
 @device_option
 @data_options
 @output_options
-def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, grad_mode, chains, chain_sigma,
-        eot_samples, checkpoint, sgld_step_size, sgld_noise, data, batch_size, plot, seed, device, data_root, download,
-        **output):
+def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps, restarts, grad_mode, draws, chains,
+        chain_sigma, eot_samples, checkpoint, sgld_step_size, sgld_noise, data, batch_size, plot, seed, device,
+        data_root, download, **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
     \b
     Each input is duplicated into --chains copies with --sigma noise, refined by K SGLD steps up
     log p(x) and classified by the averaged logits (the JEM paper's defence). Every adversarial is
-    re-classified with fresh chains; an input is robust if correct both clean and attacked.
-    Sanity checks (accuracy at epsilon 0 = clean, non-increasing in epsilon, K=0 near zero at the
-    largest epsilon, gradient-free not beating white-box) are printed as notes.
+    re-classified with fresh chains, --draws times; an input is robust if correct clean and under
+    every draw. Each robust accuracy has a 95% Wilson interval (ci_low, ci_high). Sanity checks
+    (accuracy at epsilon 0 = clean, non-increasing in epsilon, near zero at the largest epsilon for
+    K=0 and, for K>0, where every image is reachable, gradient-free not beating white-box, EOT not
+    beating single-draw gradients) are printed as notes and listed under "checks" in --json.
 
     \b
     Examples:
       jemeval robust --model runs/digits/best.pt --norm l2 --refine-steps 0,2 --grad-mode full,bpda --plot r.png
+      jemeval robust --model jem.pt --norm linf --refine-steps 0,2 --draws 5 --grad-mode full,bpda+eot \\
+          --attack apgd-ce,square,autoattack --aa-version rand --epsilons 0,4/255,8/255,1
       jemeval robust --model jem.pt --norm linf --refine-steps 0,1,10 --steps 100 --restarts 20 --sigma 0.03
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
     """
@@ -102,7 +114,8 @@ def cli(model_path, norm, refine_steps, attacks, epsilons, n, steps, restarts, g
         attacks=split_attack_specs(attacks),
         epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
         data=data, n=n, seed=seed, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
-        chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples, checkpoint=checkpoint,
+        draws=draws, aa_version=aa_version, chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples,
+        checkpoint=checkpoint,
         sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, batch_size=batch_size, device=resolve_device(device),
         data_root=data_root, download=download, progress=progress(),
     )

@@ -1,0 +1,131 @@
+"""``jemeval report``: several models evaluated side by side in one folder (a shell over jemeval.report)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from jemeval.cli.commands.robust import split_attack_specs
+from jemeval.cli.config import config_option
+from jemeval.cli.options import (
+    data_options,
+    device_option,
+    eval_fraction,
+    input_path_option,
+    parse_floats,
+    parse_ints,
+    resolve_device,
+    seed_option,
+    split_list,
+)
+from jemeval.cli.output import config_provenance, progress
+from jemeval.cli.paths import Command, dataset_option
+from jemeval.errors import UsageError
+from jemeval.results import text_table
+
+SECTIONS_HELP = "accuracy, calibration, ood, robust, samples"
+
+
+def parse_value(text: str):
+    """A --set value: JSON (3, 0.5, true, [0,1]), a fraction (8/255), a comma list, else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if "," in text:
+        return [parse_value(part) for part in split_list(text, "--set")]
+    try:
+        return eval_fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return text
+
+
+def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
+    """('robust.grad_mode=bpda', 'samples.steps=200') -> {'robust': {'grad_mode': 'bpda'}, 'samples': {...}}."""
+    options: dict[str, dict] = {}
+    for item in values:
+        target, eq, value = item.partition("=")
+        section, dot, key = target.strip().partition(".")
+        if not (eq and dot and section and key):
+            raise UsageError(f"--set takes SECTION.KEY=VALUE (e.g. robust.steps=100), got {item!r}")
+        options.setdefault(section, {})[key.strip().replace("-", "_")] = parse_value(value.strip())
+    return options
+
+
+@click.command("report", cls=Command)
+@config_option
+@input_path_option("--model", "models", what="an input checkpoint", multiple=True, required=True,
+                   help="A checkpoint to evaluate; repeat for each model (e.g. --model runs/digits/best.pt "
+                        "--model runs/digits-baseline/best.pt).")
+@click.option("--name", "names", multiple=True,
+              help="The model's name in the tables, once per --model in the same order. Default: the run folder "
+                   "(runs/digits/best.pt -> digits).")
+@click.option("--preset", type=click.Choice(["quick", "paper"]), default="quick", show_default=True,
+              help="quick: minutes on a CPU for digits; paper: the JEM paper's settings (sigma 0.03, K = 0,1,10, "
+                   "every OOD set, PGD 100 steps x 20 restarts on 300 images, L2 and Linf).")
+@click.option("--sections", default=None, help=f"Comma-separated sections [default: all: {SECTIONS_HELP}].")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="runs/report", show_default=True,
+              help="The report folder: report.md, report.html, report.json, figures/ and the cache/ that lets a "
+                   "rerun finish a killed report.")
+@click.option("--force", is_flag=True, help="Recompute every section instead of reusing the cached results.")
+@dataset_option("--data", default=None,
+                help="Dataset of every section (accuracy, calibration, OOD in-distribution, robust). Default: "
+                     "the models' training dataset.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=None,
+              help="Seeded random subset of N examples in accuracy, calibration, ood and robust.")
+@click.option("--sigma", "input_sigma", type=click.FloatRange(min=0.0), default=None,
+              help="Noise std on evaluation inputs (accuracy, calibration, ood) [quick: 0; paper: 0.03].")
+@click.option("--refine-steps", default=None, help="SGLD refinement steps K for accuracy and robust, e.g. 0,1,10.")
+@dataset_option("--ood", "ood", default=None,
+                help="OOD sets, comma-separated [quick: uniform,constant,interp,gaussian; paper: the dataset's].")
+@click.option("--score", "scores", default=None, help="OOD scores, comma-separated [default: logpx,maxprob,gradnorm].")
+@click.option("--norm", default=None, help="Robust threat model(s): l2, linf or l2,linf (one attack run each).")
+@click.option("--epsilons", default=None, help="Robust epsilons in [0, 1] pixel units, e.g. 0,0.5,1.")
+@click.option("--attack", "attacks", default=None, help="Robust attack(s), e.g. pgd or pgd:steps=100,restarts=5.")
+@click.option("--set", "options", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Any other option of a section's function, e.g. robust.grad_mode=bpda, samples.steps=200, "
+                   "ood.bootstrap=200; repeat for several.")
+@click.option("--json", "as_json", is_flag=True, help="Print report.json (records + provenance) on stdout.")
+@seed_option(0)
+@device_option
+@data_options
+def cli(models, names, preset, sections, out, force, data, n, input_sigma, refine_steps, ood, scores, norm, epsilons,
+        attacks, options, as_json, seed, device, data_root, download):
+    """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
+
+    \b
+    Runs jemeval eval, calibrate, ood, robust and sample for every model on the same data, seeds
+    and subsets and writes DIR/report.md, DIR/report.html (self-contained), DIR/report.json and
+    DIR/figures/. Each (model, section) result is cached in DIR/cache as soon as it is computed:
+    rerunning the same command after a kill finishes the report, computing only what is missing.
+    A section that fails for one model is shown with its error; the rest is still written.
+
+    \b
+    Example:
+      jemeval report --model runs/digits/best.pt --model runs/digits-baseline/best.pt \\
+          --name JEM --name baseline --out runs/report
+    """
+    from jemeval.reports.build import report
+
+    result = report(
+        list(models), names=list(names) or None, out=out, preset=preset, sections=sections, force=force, data=data,
+        n=n, seed=seed, input_sigma=input_sigma,
+        refine_steps=None if refine_steps is None else parse_ints(refine_steps, "--refine-steps"),
+        ood=None if ood is None else split_list(ood, "--ood"),
+        scores=None if scores is None else split_list(scores, "--score"),
+        norm=None if norm is None else split_list(norm, "--norm"),
+        epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
+        attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
+        download=download, options=parse_set(options), device=resolve_device(device), progress=progress(),
+        config=config_provenance(),
+    )
+    if as_json:
+        click.echo(result.to_json())
+    else:
+        click.echo(text_table(result.status, ["model", "section", "status", "seconds"], ".1f"))
+    for key in ("markdown", "html", "json"):
+        click.echo(f"wrote {result.paths[key]}", err=True)
+    if result.extra["errors"]:
+        failed = "; ".join(f"{e['model']} / {e['section']}: {e['error']}" for e in result.extra["errors"])
+        raise click.ClickException(f"the report was written to {result.paths['dir']}, but "
+                                   f"{len(result.extra['errors'])} section(s) failed: {failed}")

@@ -1,0 +1,228 @@
+"""``jemeval.report``: the whole evaluation of several models, side by side, written into one folder.
+
+For every section (accuracy, calibration, ood, robust, samples) and every model, the section's
+evaluation function runs on the same data, seeds and subsets (:mod:`jemeval.reports.settings`),
+and its Results are cached in DIR the moment they are computed (:mod:`jemeval.reports.cache`): a
+report killed halfway completes on the next run, computing only what is missing. A section that
+fails for one model is shown with its one-line error and the rest is still written. Then::
+
+    DIR/report.md     tables (models as columns, best in bold), figures, provenance
+    DIR/report.html   the same page, self-contained (figures inlined)
+    DIR/report.json   every record with ``section`` and ``model`` keys, each run's provenance
+    DIR/figures/      reliability, ROC, robustness (models overlaid), score histograms, sample grids
+    DIR/cache/        the per (model, section) results
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jemeval.atomic import write_text_atomic
+from jemeval.errors import UsageError
+from jemeval.formats.load import load_model
+from jemeval.progress import ProgressArg, progress_bar, resolve_progress
+from jemeval.provenance import file_sha256, provenance
+from jemeval.reports.cache import Entry, claim_folder, load_entry, save_entry
+from jemeval.reports.document import to_html, to_markdown
+from jemeval.reports.figures import draw_figures
+from jemeval.reports.page import ModelInfo, report_blocks
+from jemeval.reports.sections import failure, run_section
+from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
+from jemeval.results import Result
+from jemeval.runtime.devices import resolve_device
+
+DEFAULT_OUT = os.path.join("runs", "report")
+
+
+@dataclass
+class ReportResult(Result):
+    """What :func:`report` returns: ``records`` (every record, with ``section`` and ``model``) and the
+    report's provenance, plus ``results[model][section]`` (the sections' own Results: one, or one per
+    norm for robust), ``errors[model][section]`` (one line each), ``status`` (computed, cached or
+    failed, and seconds, per model and section) and ``paths`` (the files written)."""
+
+    results: dict[str, dict[str, list[Result]]] = field(default_factory=dict)
+    errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    status: list[dict[str, Any]] = field(default_factory=list)
+    paths: dict[str, Any] = field(default_factory=dict)
+
+
+def default_names(paths: Sequence[str]) -> list[str]:
+    """runs/digits/best.pt -> "digits" (the run folder), other files -> their stem; clashes get a number."""
+    names = [Path(p).parent.name if Path(p).stem in ("best", "last") and Path(p).parent.name else Path(p).stem
+             for p in paths]
+    return [f"{n} ({i + 1})" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def model_list(models: Any, names: Sequence[str] | None) -> list[tuple[str, str]]:
+    """(name, checkpoint path) for ``models``: a path, a list of paths, or a mapping name -> path."""
+    if isinstance(models, Mapping):
+        if names is not None:
+            raise UsageError("names: the models are given as a mapping of names to paths already", param="names")
+        names, paths = [str(k) for k in models], [str(v) for v in models.values()]
+    else:
+        paths = [str(models)] if isinstance(models, (str, os.PathLike)) else [str(m) for m in models]
+    if not paths:
+        raise UsageError("models is empty; give one or more checkpoints", param="models")
+    names = default_names(paths) if names is None else [str(n) for n in names]
+    if len(names) != len(paths):
+        raise UsageError(f"names gives {len(names)} name(s) for {len(paths)} model(s); give one per model",
+                         param="names")
+    if len(set(names)) != len(names):
+        raise UsageError(f"names must differ, got {names}", param="names")
+    for p in paths:
+        if not Path(p).is_file():
+            raise UsageError(f"model {p!r} is not a file; give checkpoint files (e.g. runs/digits/best.pt)",
+                             param="models")
+    return list(zip(names, paths))
+
+
+def describe(name: str, path: str) -> ModelInfo:
+    """The checkpoint's hash, architecture and training dataset (it is loaded once, on the CPU, to check it)."""
+    model = load_model(path, device="cpu")
+    return ModelInfo(name, path, file_sha256(path), getattr(model, "arch", None), model.metadata.get("dataset"))
+
+
+def common_dataset(models: list[ModelInfo]) -> str:
+    """The one dataset every model was trained on (the report compares them on it)."""
+    unknown = [m.path for m in models if not m.dataset]
+    if unknown:
+        raise UsageError(f"checkpoint {unknown[0]!r} does not record its training dataset; give data=DATASET "
+                         "(e.g. cifar10)", param="data")
+    found = sorted({m.dataset for m in models})
+    if len(found) > 1:
+        raise UsageError(f"the models were trained on different datasets ({', '.join(found)}); give data=DATASET to "
+                         "evaluate them all on one", param="data")
+    return found[0]
+
+
+def prefixed(progress: ProgressArg, prefix: str):
+    """The progress ``progress`` stands for, its bars' descriptions starting with ``prefix``."""
+    inner = resolve_progress(progress)
+    return lambda total, desc, **kw: inner(total, f"{prefix} {desc}", **kw)
+
+
+def compute(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]], device: torch.device, *,
+            force: bool, progress: ProgressArg) -> dict[tuple[str, str], Entry]:
+    """Every (model, section) Entry: from the cache when its settings match (and not ``force``), else
+    computed and cached at once; a failure becomes the Entry's one-line error."""
+    entries: dict[tuple[str, str], Entry] = {}
+    with progress_bar(progress, len(plan) * len(models), "report", unit="section", leave=True) as bar:
+        for section, options in plan.items():
+            for m in models:
+                bar.describe(f"report: {section} {m.name}")
+                key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(device))
+                entry = None if force else load_entry(out, section, m.sha256, key)
+                if entry is None:
+                    start = time.perf_counter()
+                    try:
+                        runs = run_section(section, m.path, options, device=device,
+                                           progress=prefixed(progress, f"[{m.name} {section}]"))
+                        entry = save_entry(out, section, m.sha256, key, runs, time.perf_counter() - start)
+                    except Exception as exc:  # noqa: BLE001 - reported in the page; the other sections go on
+                        entry = Entry(section, m.sha256, error=failure(exc),
+                                      seconds=round(time.perf_counter() - start, 3))
+                entries[(m.name, section)] = entry
+                bar.update(1)
+    return entries
+
+
+def report(
+    models: Any,
+    *,
+    names: Sequence[str] | None = None,
+    out: str | os.PathLike = DEFAULT_OUT,
+    preset: str = "quick",
+    sections: str | Sequence[str] | None = None,
+    force: bool = False,
+    data: str | None = None,
+    n: int | None = None,
+    seed: int = 0,
+    input_sigma: float | None = None,
+    refine_steps: int | Sequence[int] | None = None,
+    ood: str | Sequence[str] | None = None,
+    scores: str | Sequence[str] | None = None,
+    norm: str | Sequence[str] | None = None,
+    epsilons: Sequence[float] | None = None,
+    attacks: Any = None,
+    data_root: str | os.PathLike | None = None,
+    download: bool | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    device: str | torch.device | None = None,
+    progress: ProgressArg = None,
+    config: Mapping[str, Any] | None = None,
+) -> ReportResult:
+    """Evaluate ``models`` (checkpoint paths, or a mapping name -> path) side by side into ``out``.
+
+    ``preset`` (quick or paper) sets every section's options; ``data``, ``n``, ``seed``,
+    ``input_sigma``, ``refine_steps``, ``ood``, ``scores``, ``norm`` (robust: one call per norm),
+    ``epsilons``, ``attacks``, ``data_root`` and ``download`` override them in the sections that
+    take them, and ``options`` (``{"robust": {"grad_mode": "bpda"}}``) sets any other parameter of a
+    section's function.
+    ``force`` recomputes cached results. ``device`` defaults to cuda when available. ``config`` (what a
+    ``--config`` file set) is recorded in the provenance. Returns a
+    :class:`ReportResult`; files are described in the module docstring.
+    """
+    pairs = model_list(models, names)
+    chosen = resolve_sections(sections)
+    infos = [describe(name, path) for name, path in pairs]
+    dataset = data or common_dataset(infos)
+    overrides = {"data": data, "n": n, "seed": int(seed), "input_sigma": input_sigma, "refine_steps": refine_steps,
+                 "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons, "attacks": attacks,
+                 "data_root": None if data_root is None else os.fspath(data_root), "download": download or None}
+    plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
+    dev = resolve_device(device)
+    folder = claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT)
+    entries = compute(folder, infos, plan, dev, force=force, progress=progress)
+    prov = provenance(command="report", device=dev, seed=int(seed), settings={
+        "preset": preset, "sections": chosen, "data": dataset, "options": plan,
+        "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset}
+                   for m in infos]})
+    if config is not None:
+        prov["config"] = dict(config)
+    return write_report(folder, infos, plan, entries, prov, preset=preset)
+
+
+def write_report(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
+                 entries: dict[tuple[str, str], Entry], prov: dict[str, Any], *, preset: str) -> ReportResult:
+    """Assemble the records, draw the figures, write report.md/.html/.json; the ReportResult."""
+    outcomes: dict[str, dict[str, list[Result]]] = {s: {} for s in plan}
+    errors: dict[str, dict[str, str]] = {s: {} for s in plan}
+    records, runs, failed, status = [], [], [], []
+    for section in plan:
+        for m in models:
+            entry = entries[(m.name, section)]
+            state = "failed" if entry.error else "cached" if entry.cached else "computed"
+            status.append({"model": m.name, "section": section, "status": state, "seconds": entry.seconds})
+            if entry.error:
+                errors[section][m.name] = entry.error
+                failed.append({"section": section, "model": m.name, "error": entry.error})
+                continue
+            outcomes[section][m.name] = entry.runs
+            for result in entry.runs:
+                records += [{"section": section, "model": m.name, **r} for r in result.records]
+                runs.append({"section": section, "model": m.name, "seconds": entry.seconds,
+                             **{k: v for k, v in result.to_dict().items() if k != "records"}})
+    figures = draw_figures(out, outcomes)
+    title = "jemeval report: " + " vs ".join(m.name for m in models)
+    blocks = report_blocks(title=title, preset=preset, models=models, plan=plan, outcomes=outcomes, errors=errors,
+                           figures=figures, provenance=prov, out=out)
+    notes = [f"{f['model']} / {f['section']}: failed: {f['error']}" for f in failed]
+    result = ReportResult(records, prov, extra={"runs": runs, "errors": failed}, notes=notes,
+                          results={m.name: {s: outcomes[s][m.name] for s in plan if m.name in outcomes[s]}
+                                   for m in models},
+                          errors={m.name: {s: errors[s][m.name] for s in plan if m.name in errors[s]} for m in models},
+                          status=status)
+    paths = {"dir": out, "markdown": out / "report.md", "html": out / "report.html", "json": out / "report.json",
+             "figures": [p for figs in figures.values() for p, _, error in figs if error is None]}
+    write_text_atomic(paths["markdown"], to_markdown(blocks))
+    write_text_atomic(paths["html"], to_html(blocks, title))
+    result.save_json(paths["json"])
+    result.paths = paths
+    return result

@@ -1,0 +1,84 @@
+"""The report's figures, drawn into DIR/figures from the (cached) Results of every model.
+
+Calibration, ROC and robustness figures overlay the models (:mod:`jemeval.plots.report`); score
+histograms and sample grids are drawn per model by the single commands' own plot functions. A
+figure that cannot be drawn is replaced in the page by its one-line error, like a failed section.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from jemeval.artifacts import OODScores, Samples
+from jemeval.plots import pyplot
+from jemeval.plots.grids import save_samples_grid
+from jemeval.plots.ood import plot_score_histograms
+from jemeval.plots.report import plot_reliability_overlay, plot_robustness_overlay, plot_roc_overlay
+from jemeval.reports.cache import FIGURES
+from jemeval.reports.sections import failure
+from jemeval.results import Result
+
+#: section -> {model: [Result, ...]} (the models whose section succeeded)
+Outcomes = dict[str, dict[str, list[Result]]]
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
+
+
+def _records(runs: list[Result]) -> list[dict]:
+    return [r for result in runs for r in result.records]
+
+
+def _artifact(runs: list[Result], kind: type):
+    return next((v for result in runs for v in result.extra.values() if isinstance(v, kind)), None)
+
+
+def figure_plan(outcomes: Outcomes) -> list[tuple[str, str, str, Callable[[Path], object]]]:
+    """(section, file name, caption, draw(path)) for every figure the outcomes allow."""
+    plan = []
+    calibration = {m: _records(runs) for m, runs in outcomes.get("calibration", {}).items()}
+    if calibration:
+        plan.append(("calibration", "calibration-reliability.png", "reliability diagrams, models overlaid",
+                     lambda p: plot_reliability_overlay(calibration, p)))
+    ood = {m: _artifact(runs, OODScores) for m, runs in outcomes.get("ood", {}).items()}
+    ood = {m: s for m, s in ood.items() if s is not None}
+    if ood:
+        records = {m: _records(outcomes["ood"][m]) for m in ood}
+        plan.append(("ood", "ood-roc.png", "ROC curves per score, models overlaid",
+                     lambda p: plot_roc_overlay(ood, p, records)))
+        for i, (model, scores) in enumerate(ood.items()):
+            plan.append(("ood", f"ood-histograms-{i + 1}-{slug(model)}.png", f"{model}: OOD score histograms",
+                         lambda p, s=scores, m=model: plot_score_histograms(
+                             s, p, records=records[m], title=f"{m}: {s.id_name} vs {', '.join(s.ood_names)}")))
+    robust = {m: _records(runs) for m, runs in outcomes.get("robust", {}).items()}
+    if any(robust.values()):
+        plan.append(("robust", "robust.png", "robust accuracy vs epsilon, models overlaid",
+                     lambda p: plot_robustness_overlay(robust, p)))
+    for i, (model, runs) in enumerate(outcomes.get("samples", {}).items()):
+        samples = _artifact(runs, Samples)
+        if samples is not None and len(samples):
+            plan.append(("samples", f"samples-{i + 1}-{slug(model)}.png", f"{model}: SGLD samples",
+                         lambda p, s=samples: save_samples_grid(s, p)))
+    return plan
+
+
+def draw_figures(out: Path, outcomes: Outcomes) -> dict[str, list[tuple[Path, str, str | None]]]:
+    """Draw every figure into ``out``/figures; section -> [(path, caption, error or None)]. PNGs
+    left there by an earlier run that this one did not draw are removed (the folder is the report's)."""
+    folder = out / FIGURES
+    drawn: dict[str, list[tuple[Path, str, str | None]]] = {}
+    for section, name, caption, draw in figure_plan(outcomes):
+        path = folder / name
+        try:
+            draw(path)
+            drawn.setdefault(section, []).append((path, caption, None))
+        except Exception as exc:  # noqa: BLE001 - a figure's failure is shown in the page, the rest is written
+            pyplot().close("all")
+            drawn.setdefault(section, []).append((path, caption, failure(exc)))
+    keep = {p for figures in drawn.values() for p, _, error in figures if error is None}
+    for old in folder.glob("*.png"):
+        if old not in keep:
+            old.unlink(missing_ok=True)
+    return drawn

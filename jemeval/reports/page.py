@@ -1,0 +1,129 @@
+"""What the report page says, section by section, as blocks (:mod:`jemeval.reports.document`).
+
+A title and the models, then per section: what its numbers mean (the single command's
+conventions), the options it ran with, its comparison tables (models as columns, best in bold), the
+one-line error of any model it failed for, the results' notes, and its figures; last the
+provenance (versions, checkpoint hashes, device, seeds). Nothing here depends on whether a result
+came from the cache, so a resumed report reads exactly like an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jemeval.evaluation.ood import METRIC_NOTE
+from jemeval.reports.document import Block, Bullets, Figure, Folded, Heading, Para
+from jemeval.reports.tables import Table, section_tables
+from jemeval.results import Result
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: str
+    sha256: str
+    arch: str | None
+    dataset: str | None
+
+
+SECTION_TEXT = {
+    "accuracy": ("Accuracy and NLL",
+                 "Test accuracy and mean negative log-likelihood, after K steps of SGLD refinement of the inputs "
+                 "(K = 0: the inputs as they are; K > 0: each input refined in several chains, logits averaged). "
+                 "The numbers of `jemeval eval`."),
+    "calibration": ("Calibration",
+                    "Expected (ECE), maximum (MCE) and RMS calibration error over equal-width bins of the max "
+                    "softmax confidence (intervals (lo, hi]), Brier score and NLL, before and after temperature "
+                    "scaling (T fitted on held-out training images; it leaves the accuracy unchanged). The numbers "
+                    "of `jemeval calibrate`."),
+    "ood": ("OOD detection", METRIC_NOTE + " The numbers of `jemeval ood`."),
+    "robust": ("Adversarial robustness",
+               "An input counts as robust when it is classified correctly both clean and after the attack, the "
+               "adversarial re-classified by jemeval with fresh refinement chains. Epsilons are in [0, 1] pixel "
+               "units; ranges in brackets are 95% intervals where the records carry them. The numbers of "
+               "`jemeval robust`."),
+    "samples": ("Samples",
+                "SGLD chains from the model (class-conditional chains ascend log p~(x, y)). Target class rate: the "
+                "fraction of samples classified as the class they were drawn for. log p~(x) is unnormalised: "
+                "compare it within a model, not across models. The numbers of `jemeval sample`."),
+}
+SIZES = {"accuracy": ("n",), "calibration": ("n",), "ood": ("n_id", "n_ood"), "robust": ("n",)}
+
+
+def _options(options: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}={json.dumps(v)}`" for k, v in options.items())
+
+
+def _sizes(section: str, runs: dict[str, list[Result]]) -> str:
+    found = {key: sorted({r[key] for rs in runs.values() for res in rs for r in res.records if key in r})
+             for key in SIZES.get(section, ())}
+    return "; ".join(f"{k} = {', '.join(map(str, v))}" for k, v in found.items() if v)
+
+
+def _notes(runs: dict[str, list[Result]], skip: str) -> list[str]:
+    """Each note once, followed by the models it came from; robust's passed sanity checks are
+    counted per model instead of listed (their failures stay notes)."""
+    by_note: dict[str, list[str]] = {}
+    for model, results in runs.items():
+        checks = [c for res in results for c in res.extra.get("checks") or []]
+        passed = {c["message"] for c in checks if c.get("passed")}
+        if checks:
+            by_note.setdefault(f"{len(passed)} of {len(checks)} sanity checks of the adaptive-defence checklist "
+                               "passed", []).append(model)
+        for note in dict.fromkeys(n for res in results for n in res.notes):
+            if note not in skip and note not in passed:
+                by_note.setdefault(note, []).append(model)
+    return [f"{note} ({', '.join(models)})" for note, models in by_note.items()]
+
+
+def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[Result]], errors: dict[str, str],
+                   figures: list[tuple[Path, str, str | None]], out: Path) -> list[Block]:
+    heading, text = SECTION_TEXT[section]
+    sizes = _sizes(section, runs)
+    blocks: list[Block] = [Heading(2, heading), Para(text), Para("Options: " + (_options(options) or "defaults")
+                                                                + (f". Examples: {sizes}." if sizes else "."))]
+    per_model = {m: [r for res in results for r in res.records] for m, results in runs.items()}
+    tables: list[Table] = section_tables(section, per_model) if per_model else []
+    blocks += [t for t in tables if t.rows]
+    if errors:
+        blocks.append(Bullets([f"**{m}**: failed: {e}" for m, e in errors.items()]))
+    notes = _notes(runs, text)
+    if notes:
+        blocks += [Para("Notes:"), Bullets(notes)]
+    for path, caption, error in figures:
+        blocks.append(Para(f"Figure ({caption}) could not be drawn: {error}") if error else
+                      Figure(path, path.relative_to(out).as_posix(), caption))
+    return blocks
+
+
+def model_table(models: list[ModelInfo]) -> Table:
+    rows = [[m.name, m.path, m.arch or "-", m.dataset or "-", m.sha256[:16]] for m in models]
+    return Table(["model", "checkpoint", "architecture", "dataset", "SHA-256 (first 16)"], rows,
+                 [[False] * 5 for _ in rows], label_columns=5)
+
+
+def provenance_blocks(provenance: dict[str, Any]) -> list[Block]:
+    p = provenance
+    line = (f"jemeval {p.get('jemeval_version')}, torch {p.get('torch_version')}, Python {p.get('python_version')}, "
+            f"{p.get('platform')}; device {p.get('device')} ({p.get('device_name') or '-'}"
+            + (f", {p['cpu_threads']} threads" if p.get("cpu_threads") else "") + f"); created {p.get('created')}.")
+    seeds = {s: o.get("seed") for s, o in (p.get("settings", {}).get("options") or {}).items()}
+    return [Heading(2, "Provenance"), Para(line), Para("Seeds: " + _options(seeds) + "."),
+            Folded("provenance (JSON)", json.dumps(p, indent=2, sort_keys=True), "json")]
+
+
+def report_blocks(*, title: str, preset: str, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
+                  outcomes: dict[str, dict[str, list[Result]]], errors: dict[str, dict[str, str]],
+                  figures: dict[str, list], provenance: dict[str, Any], out: Path) -> list[Block]:
+    blocks: list[Block] = [
+        Heading(1, title),
+        Para(f"Written by `jemeval report` (preset `{preset}`, sections {', '.join(plan)}). Models are the columns "
+             "of every table; the best value of each row is in **bold** (↑: higher is better, ↓: lower is better)."),
+        model_table(models),
+    ]
+    for section, options in plan.items():
+        blocks += section_blocks(section, options, outcomes.get(section, {}), errors.get(section, {}),
+                                 figures.get(section, []), out)
+    return blocks + provenance_blocks(provenance)

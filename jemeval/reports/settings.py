@@ -1,0 +1,174 @@
+"""What a report computes: its sections, the presets, and the options each section's function gets.
+
+A report runs the existing evaluation functions, one per section, with keyword options resolved
+in three layers, each over the one before:
+
+1. the preset (:data:`PRESETS`): ``quick`` (minutes on a CPU for digits) or ``paper`` (the JEM
+   paper's settings: more inputs, refinement steps 0/1/10, every OOD set of the dataset);
+2. the common overrides (``data``, ``n``, ``seed``, ``input_sigma``, ``refine_steps``, ``ood``,
+   ``scores``, ``norm``, ``epsilons``, ``attacks``, ``data_root``, ``download``), each sent to the
+   sections that take it (:data:`COMMON`);
+3. ``options``: ``{section: {parameter: value}}`` for anything else a section's function accepts
+   (checked against its signature), so options added to those functions flow through unchanged.
+
+The resolved options are JSON-able and, with the checkpoint's hash and the device, hashed into the
+key under which a (model, section) result is cached (:func:`settings_hash`).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jemeval.errors import UsageError, did_you_mean
+from jemeval.evaluation.accuracy import evaluate
+from jemeval.evaluation.calibration import calibrate
+from jemeval.evaluation.generation import sample
+from jemeval.evaluation.ood import DEFAULT_SCORES, evaluate_ood
+from jemeval.evaluation.robustness import robust
+from jemeval.registry import parse_spec, split_specs
+from jemeval.results import _plain
+
+#: the sections in report order, and the function each one runs
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "accuracy": evaluate, "calibration": calibrate, "ood": evaluate_ood, "robust": robust, "samples": sample,
+}
+SECTIONS = tuple(FUNCTIONS)
+#: parameters the report passes itself (never options): the model, where it runs, how progress shows
+RESERVED = ("model", "device", "progress")
+#: robust takes one norm per call; a report's robust section takes a list and calls robust once per norm
+ROBUST_NORMS_KEY = "norm"
+
+#: OOD sets used by the quick preset (no download needed) and by the paper preset per dataset
+SYNTHETIC_OOD = ["uniform", "constant", "interp", "gaussian"]
+PAPER_OOD = {
+    "cifar10": ["svhn", "cifar100", "celeba", "interp", "uniform", "constant"],
+    "cifar100": ["svhn", "cifar10", "celeba", "interp", "uniform", "constant"],
+    "svhn": ["cifar10", "cifar100", "celeba", "interp", "uniform", "constant"],
+}
+#: epsilons per norm in [0, 1] pixel units
+QUICK_EPSILONS = {"l2": [0.0, 0.5, 1.0, 2.0], "linf": [0.0, 2 / 255, 8 / 255, 16 / 255]}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # two digits models on 2 CPU cores in minutes: the whole test set for the cheap sections, a
+    # short PGD on 50 inputs for robustness, 8 short chains per class for the samples
+    "quick": {
+        "accuracy": {"refine_steps": [0, 1]},
+        "calibration": {"temperature_scaling": True},
+        "ood": {"scores": list(DEFAULT_SCORES)},
+        "robust": {"norm": ["l2"], "refine_steps": [0, 1], "n": 50, "steps": 10, "epsilons": QUICK_EPSILONS},
+        "samples": {"classes": "all", "n": 8, "steps": 60},
+    },
+    # the JEM paper (jem-reference.md, section 4): sigma 0.03 on every evaluation input and chain,
+    # K = 0, 1, 10; 300 test images attacked by PGD with 100 steps and 20 restarts in L2 and Linf
+    "paper": {
+        "accuracy": {"refine_steps": [0, 1, 10], "input_sigma": 0.03},
+        "calibration": {"temperature_scaling": True, "input_sigma": 0.03},
+        "ood": {"scores": list(DEFAULT_SCORES), "input_sigma": 0.03},
+        "robust": {"norm": ["l2", "linf"], "refine_steps": [0, 1, 10], "n": 300, "steps": 100, "restarts": 20,
+                   "chain_sigma": 0.03},
+        "samples": {"classes": "all", "n": 100, "steps": 100},
+    },
+}
+
+#: common override -> the parameter it sets in each section that has one
+COMMON = {
+    "data": {"accuracy": "data", "calibration": "data", "ood": "id", "robust": "data"},
+    "n": {"accuracy": "n", "calibration": "n", "ood": "n", "robust": "n"},
+    "seed": {s: "seed" for s in SECTIONS},
+    "input_sigma": {"accuracy": "input_sigma", "calibration": "input_sigma", "ood": "input_sigma"},
+    "refine_steps": {"accuracy": "refine_steps", "robust": "refine_steps"},
+    "ood": {"ood": "ood"},
+    "scores": {"ood": "scores"},
+    "norm": {"robust": ROBUST_NORMS_KEY},
+    "epsilons": {"robust": "epsilons"},
+    "attacks": {"robust": "attacks"},
+    "data_root": {"accuracy": "data_root", "calibration": "data_root", "ood": "data_root", "robust": "data_root",
+                  "samples": "data_root"},
+    "download": {"accuracy": "download", "calibration": "download", "ood": "download", "robust": "download"},
+}
+
+
+def check_choice(value: str, choices: Sequence[str], param: str) -> str:
+    if value not in choices:
+        raise UsageError(f"unknown {param} {value!r}{did_you_mean(value, choices)}; choose from "
+                         f"{', '.join(choices)}", param=param)
+    return value
+
+
+def resolve_sections(sections: str | Sequence[str] | None) -> list[str]:
+    """The sections asked for (a list or a comma list), in report order; default: all of them."""
+    if sections is None:
+        return list(SECTIONS)
+    names = split_specs(sections, "sections") if isinstance(sections, str) else [str(s) for s in sections]
+    if not names:
+        raise UsageError(f"sections is empty; choose from {', '.join(SECTIONS)}", param="sections")
+    chosen = {check_choice(name, SECTIONS, "sections") for name in names}
+    return [s for s in SECTIONS if s in chosen]
+
+
+def default_ood(dataset: str, preset: str) -> list[str]:
+    """The OOD sets of a preset: the paper's sets for the paper's datasets, else synthetic ones."""
+    base = parse_spec(dataset).name
+    return list(PAPER_OOD.get(base, SYNTHETIC_OOD)) if preset == "paper" else list(SYNTHETIC_OOD)
+
+
+def check_options(section: str, options: Mapping[str, Any]) -> None:
+    """Every option names a parameter of the section's function (did-you-mean otherwise)."""
+    params = [p for p in inspect.signature(FUNCTIONS[section]).parameters if p not in RESERVED]
+    for key in options:
+        if key not in params:
+            raise UsageError(f"{section} has no option {key!r}{did_you_mean(key, params)}; it takes: "
+                             f"{', '.join(map(repr, params))}", param="options")
+
+
+def resolve_options(*, preset: str, sections: Sequence[str], dataset: str, overrides: Mapping[str, Any],
+                    options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Section -> the keyword options its function is called with (preset < overrides < options)."""
+    check_choice(preset, tuple(PRESETS), "preset")
+    options = dict(options or {})
+    for section in options:
+        if section not in SECTIONS:
+            raise UsageError(f"unknown section {section!r} in options{did_you_mean(section, SECTIONS)}; choose from "
+                             f"{', '.join(SECTIONS)}", param="options")
+    resolved: dict[str, dict[str, Any]] = {}
+    for section in sections:
+        chosen = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset][section].items()}
+        if section == "ood":
+            chosen["ood"] = default_ood(dataset, preset)
+        for name, value in overrides.items():
+            if value is not None and section in COMMON[name]:
+                chosen[COMMON[name][section]] = value
+        chosen.update(options.get(section) or {})
+        check_options(section, {k: v for k, v in chosen.items() if not (section == "robust" and k == "norm")})
+        resolved[section] = _plain(chosen)
+    if "robust" in resolved:
+        robust_options = resolved["robust"]
+        robust_options[ROBUST_NORMS_KEY] = norms = robust_norms(robust_options.get(ROBUST_NORMS_KEY, "l2"))
+        if isinstance(robust_options.get("epsilons"), dict):  # per norm: keep the norms that run
+            robust_options["epsilons"] = {k: v for k, v in robust_options["epsilons"].items() if k in norms}
+    return resolved
+
+
+def robust_norms(norm: str | Sequence[str]) -> list[str]:
+    """robust's norm as a list (``"l2,linf"`` or ``["l2", "linf"]``): one robust call per norm."""
+    norms = split_specs(norm, "norm") if isinstance(norm, str) else [str(n) for n in norm]
+    if not norms:
+        raise UsageError("norm is empty; give l2, linf or both", param="norm")
+    return list(dict.fromkeys(norms))
+
+
+def epsilons_for(epsilons: Any, norm: str) -> Any:
+    """The epsilons of one norm: a dict holds one list per norm (None: robust's default list)."""
+    return epsilons.get(norm) if isinstance(epsilons, dict) else epsilons
+
+
+def settings_hash(section: str, options: Mapping[str, Any], *, checkpoint_sha256: str, device: str) -> str:
+    """The cache key of one (model, section) result: what was computed, on which weights, where."""
+    from jemeval import __version__
+
+    text = json.dumps({"section": section, "options": _plain(dict(options)), "checkpoint": checkpoint_sha256,
+                       "device": device, "jemeval": __version__}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
