@@ -136,8 +136,9 @@ def comparable(path: Path) -> dict:
     return result
 
 
-def same_records(command: list[str], tmp_path: Path, out_flag: str = "--out") -> tuple[dict, dict]:
-    """Run ``command`` with --nproc 1 and --nproc 2; both results (JSON), checked equal."""
+def same_records(command: list[str], tmp_path: Path, out_flag: str = "--out",
+                 transform=lambda r: r) -> tuple[dict, dict]:
+    """Run ``command`` with --nproc 1 and --nproc 2; both results (JSON, through ``transform``), checked equal."""
     results = {}
     for n in (1, 2):
         folder = tmp_path / f"n{n}"
@@ -145,7 +146,7 @@ def same_records(command: list[str], tmp_path: Path, out_flag: str = "--out") ->
         res = jemeval(*command, out_flag, "result.json", "--nproc", str(n), cwd=folder)
         assert res.returncode == 0, res.stderr[-2000:]
         assert "Traceback" not in res.stderr
-        results[n] = comparable(folder / "result.json")
+        results[n] = transform(comparable(folder / "result.json"))
     assert results[2]["records"] == results[1]["records"]
     assert results[2] == results[1]
     return results[1], results[2]
@@ -170,4 +171,22 @@ def test_an_error_in_every_rank_is_one_line(tmp_path, digits_classifier_ckpt):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.count("stores no replay buffer") == 1 and res.stderr.count("Error:") == 1
     assert "set --init to 'noise'" in res.stderr
+
+
+
+def _without_seconds(result: dict) -> dict:
+    """A robust result without its wall-clock fields (each record's ``seconds``)."""
+    for record in result["records"]:
+        record.pop("seconds", None)
+    return result
+
+
+@pytest.mark.slow
+def test_robust_nproc_2_gives_the_records_of_one_process(tmp_path, digits_jem_ckpt):
+    # 7 inputs in batches of 3 (the last one short); K=1 refinement draws chain noise on every batch
+    command = ["robust", "--model", str(digits_jem_ckpt), "--norm", "l2", "--epsilons", "0.5,1", "--n", "7",
+               "--batch-size", "3", "--steps", "2", "--refine-steps", "0,1", "--chains", "2", "--draws", "2",
+               "--device", "cpu", "--seed", "3", "--json"]
+    one, two = same_records(command, tmp_path, transform=_without_seconds)
+    assert [r["refine_steps"] for r in one["records"]] == [0, 0, 1, 1] and one["records"][0]["n"] == 7
 

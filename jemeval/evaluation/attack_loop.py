@@ -15,9 +15,11 @@ In the EOT gradient modes an attack that averages gradients over noise draws its
 single-draw classifier; any other attack attacks a classifier that averages its logits over
 ``eot_samples`` draws.
 
-Seeds: the clean predictions of K use ``seed + 1000 + K``, the re-checks of run i ``seed + 2000 +
-97 i`` (its draws continue that stream), and attack calls on batch b run with torch and numpy
-seeded ``seed + 7919 b``.
+Seeds depend on the batch, never on the batches run before it (so N processes, each running some
+of the batches, give the records of one: :mod:`jemeval.runtime.shards`): on batch b the clean
+predictions of K use the stream ``batch_seed(seed + 1000 + K, b)``, the re-checks of run i
+``batch_seed(seed + 2000 + 97 i, b)`` (its draws continue that stream), and attack calls run with
+torch and numpy seeded ``seed + 7919 b``. ``batch_seed(s, 0) == s``.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from jemeval.errors import JemevalError
 from jemeval.evaluation.intervals import wilson_interval
 from jemeval.evaluation.threat import perturbation_norm, project_to_ball
 from jemeval.progress import ProgressArg, ProgressBar, progress_bar
+from jemeval.runtime.shards import batch_generator, map_batches, my_batches
 from jemeval.sampling.refinement import EOT_MODES, RefinedClassifier
 from jemeval.sampling.sgld import SGLD, frozen
 
@@ -162,8 +165,10 @@ class Defence:
         """Re-check draws at K: ``draws``, or 1 where the classifier is deterministic."""
         return self.draws if self.stochastic(k) else 1
 
-    def generator(self, offset: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(self.seed + offset)
+    def generator(self, offset: int, batch: int = 0) -> torch.Generator:
+        """The chains' generator of stream ``offset`` for batch ``batch`` (its own stream per batch,
+        :func:`jemeval.runtime.shards.batch_generator`; batch 0 is seeded with seed + offset)."""
+        return batch_generator(self.seed + offset, batch, self.device)
 
 
 @dataclass
@@ -192,16 +197,20 @@ class Batches:
 
 
 def clean_correct(defence: Defence, ks: list[int], data: Batches, bar: ProgressBar) -> dict[int, torch.Tensor]:
-    """Per K, which inputs fresh chains classify correctly (one step of the bar per batch)."""
+    """Per K, which inputs fresh chains classify correctly (one step of the bar per batch; the
+    batches shared out over the processes, :func:`jemeval.runtime.shards.map_batches`)."""
     clean: dict[int, torch.Tensor] = {}
     for k in ks:
         bar.describe(f"robust: clean K={k}")
-        predictor = defence.classifier(k, "full", defence.generator(1000 + k))
-        parts = []
-        for lo, hi in data.spans:  # the same chunks predict_batches(predictor, x, batch_size) would use
-            parts.append(predict_batches(predictor, data.x[lo:hi], data.batch_size))
+
+        def one(b: int, k: int = k) -> torch.Tensor:
+            lo, hi = data.spans[b]
+            predictor = defence.classifier(k, "full", defence.generator(1000 + k, b))
+            predicted = predict_batches(predictor, data.x[lo:hi], data.batch_size).cpu()
             bar.update(1)
-        clean[k] = torch.cat(parts) == data.y
+            return predicted
+
+        clean[k] = torch.cat(map_batches(one, len(data.spans))).to(data.y.device) == data.y
     return clean
 
 
@@ -225,27 +234,37 @@ def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: to
 
 def attack_run(defence: Defence, run: Run, index: int, data: Batches, bar: ProgressBar):
     """(correct after attack R x E x N over the R re-check draws, verified minimal perturbations N or
-    None, inputs without a start)."""
+    None, inputs without a start). The batches are shared out over the processes
+    (:func:`jemeval.runtime.shards.map_batches`): each batch's attack and re-check chains are seeded
+    by the batch alone."""
     bar.describe(f"robust: {run.name} K={run.refine_steps} {run.grad_mode}")
     attacked = defence.classifier(run.refine_steps, run.grad_mode, eot_samples=1 if native_eot(run) else None).eval()
-    checker = defence.classifier(run.refine_steps, "full", defence.generator(2000 + 97 * index))
-    eps, device, draws = data.epsilons, defence.device, defence.draws_for(run.refine_steps)
-    correct_adv = torch.zeros(draws, len(eps), len(data.x), dtype=torch.bool, device=device)
-    min_pert = torch.full((len(data.x),), math.inf, dtype=torch.float64, device=device)
-    without_start = 0
-    for b, (lo, hi) in enumerate(data.spans):
-        xb, yb = data.x[lo:hi], data.y[lo:hi]
-        adv, raw = attack_batch(defence, run, attacked, b, xb, yb, data, bar)
-        without_start += int(getattr(run.attack, "last_without_start", 0) or 0)
-        adv = validate_adversarials(adv, xb, eps, data.norm, run.name).reshape(-1, *xb.shape[1:])
-        for r in range(draws):
-            correct_adv[r, :, lo:hi] = predict_batches(checker, adv, data.batch_size).view(len(eps), -1) == yb
-        if raw is not None:  # verified minimal perturbation, pixel units: found if any draw is fooled
-            fooled = torch.stack([predict_batches(checker, raw, data.batch_size) != yb for _ in range(draws)]).any(0)
-            size = perturbation_norm(xb, raw, data.norm).double() / 2
-            min_pert[lo:hi] = torch.where(fooled, size, torch.full_like(size, math.inf))
-        bar.update(1)
-    return correct_adv, (min_pert if is_minimization(run.attack) else None), without_start
+    done = map_batches(lambda b: attack_one_batch(defence, run, index, attacked, b, data, bar), len(data.spans))
+    correct_adv = torch.cat([c for c, _, _ in done], dim=2).to(defence.device)
+    min_pert = torch.cat([m for _, m, _ in done]).to(defence.device) if is_minimization(run.attack) else None
+    return correct_adv, min_pert, sum(w for _, _, w in done)
+
+
+def attack_one_batch(defence: Defence, run: Run, index: int, attacked: nn.Module, b: int, data: Batches,
+                     bar: ProgressBar) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Batch b of a run, on the CPU: (correct after attack R x E x n, verified minimal perturbations
+    n or None, inputs without a start)."""
+    lo, hi = data.spans[b]
+    xb, yb = data.x[lo:hi], data.y[lo:hi]
+    checker = defence.classifier(run.refine_steps, "full", defence.generator(2000 + 97 * index, b))
+    eps, draws = data.epsilons, defence.draws_for(run.refine_steps)
+    adv, raw = attack_batch(defence, run, attacked, b, xb, yb, data, bar)
+    without_start = int(getattr(run.attack, "last_without_start", 0) or 0)
+    adv = validate_adversarials(adv, xb, eps, data.norm, run.name).reshape(-1, *xb.shape[1:])
+    correct = torch.stack([predict_batches(checker, adv, data.batch_size).view(len(eps), -1) == yb
+                           for _ in range(draws)])
+    min_pert = None
+    if raw is not None:  # verified minimal perturbation, pixel units: found if any draw is fooled
+        fooled = torch.stack([predict_batches(checker, raw, data.batch_size) != yb for _ in range(draws)]).any(0)
+        size = perturbation_norm(xb, raw, data.norm).double() / 2
+        min_pert = torch.where(fooled, size, torch.full_like(size, math.inf)).cpu()
+    bar.update(1)
+    return correct.cpu(), min_pert, without_start
 
 
 def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Tensor, is_clean: torch.Tensor,
@@ -294,7 +313,7 @@ def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches,
     :class:`Heartbeat` moves it inside each attack call.
     """
     records, min_perturbations, notes = [], [], []
-    total = (len(ks) + len(runs)) * len(data.spans)
+    total = (len(ks) + len(runs)) * len(my_batches(len(data.spans)))  # this process's batches
     with progress_bar(progress, total, "robust", unit="batch", leave=True) as bar:
         clean = clean_correct(defence, ks, data, bar)
         for index, run in enumerate(runs):

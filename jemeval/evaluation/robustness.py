@@ -259,8 +259,8 @@ def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: lis
         "attacks": {name: dict(getattr(a, "settings", {}) or {}) for name, a in named},
         "data": str(data), "split": "test", "n": len(inputs.x), "subset_seed": seed, "batch_size": inputs.batch_size,
         "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",
-                  "clean_chains": f"{seed} + 1000 + K",
-                  "recheck_chains": f"{seed} + 2000 + 97 * run (its draws continue the stream)"},
+                  "clean_chains": f"batch_seed({seed} + 1000 + K, batch) ({seed} + 1000 + K for batch 0)",
+                  "recheck_chains": f"batch_seed({seed} + 2000 + 97 * run, batch) (its draws continue the stream)"},
         "robust_definition": "correct on the clean input and on the adversarial under every one of the draws "
                              "(fresh noise each), all re-classified by jemeval; robust_accuracy_mean averages the "
                              "draws; ci_low/ci_high: 95% Wilson interval of robust_accuracy",

@@ -8,6 +8,7 @@ from jemeval.cli.options import (
     data_options,
     device_option,
     model_option,
+    nproc_option,
     parse_floats,
     parse_ints,
     resolve_device,
@@ -84,6 +85,7 @@ def split_attack_specs(value: str) -> list[str]:
 @device_option
 @data_options
 @output_options
+@nproc_option
 def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps, restarts, grad_mode, draws, chains,
         chain_sigma, eot_samples, checkpoint, sgld_step_size, sgld_noise, data, batch_size, plot, seed, device,
         data_root, download, **output):
