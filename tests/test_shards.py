@@ -45,7 +45,7 @@ def test_map_batches_in_one_process_is_the_plain_loop():
     assert shards.map_items(lambda b, item: (b, item), "xyz") == [(0, "x"), (1, "y"), (2, "z")]
     with pytest.raises(UsageError, match="batch_size=3 is too small") as exc:
         shards.map_batches(_fails_on_rank1, 5)
-    assert exc.value.param == "batch_size" and exc.value.shared
+    assert exc.value.param == "batch_size"
 
 
 def test_interleave_restores_batch_order():
@@ -81,16 +81,23 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     D.init_from_env(backend="gloo", env=env, timeout_s=60)
     try:
-        report = {"mine": list(shards.my_batches(5)), "results": shards.map_batches(_batch, 5)}
-        try:
-            shards.map_batches(_fails_on_rank1, 5)
-        except JemevalError as exc:
-            report["error"] = (type(exc).__name__, str(exc), exc.param, exc.shared)
-        report["after"] = shards.map_batches(lambda b: -b, 3)  # the ranks are still in step
-        report["items"] = shards.map_items(lambda b, item: (b, item, rank), iter("abcde"))
-        torch.save(report, f"{out}.{rank}")
+        unsharded = shards.map_batches(lambda b: (b, rank), 3)  # outside sharded(): every batch, here
+        with shards.sharded():
+            sharded_report(rank, out, unsharded)
     finally:
         D.destroy()
+
+
+def sharded_report(rank: int, out: str, unsharded: list) -> None:
+    """What rank ``rank`` sees inside sharded(), saved for the test to read."""
+    report = {"unsharded": unsharded, "mine": list(shards.my_batches(5)), "results": shards.map_batches(_batch, 5)}
+    try:
+        shards.map_batches(_fails_on_rank1, 5)
+    except JemevalError as exc:
+        report["error"] = (type(exc).__name__, str(exc), exc.param, exc.shared)
+    report["after"] = shards.map_batches(lambda b: -b, 3)  # the ranks are still in step
+    report["items"] = shards.map_items(lambda b, item: (b, item, rank), iter("abcde"))
+    torch.save(report, f"{out}.{rank}")
 
 
 def _free_port() -> int:
@@ -112,6 +119,7 @@ def test_two_gloo_processes_give_the_batches_of_one(tmp_path):
         # the error of rank 1's batch is raised on both ranks, naming the same parameter
         assert report["error"] == ("UsageError", "batch_size=3 is too small", "batch_size", True)
         assert report["after"] == [0, -1, -2]
+        assert report["unsharded"] == [(0, rank), (1, rank), (2, rank)]
         assert report["items"] == [(b, "abcde"[b], b % 2) for b in range(5)]  # every item, by its own rank
 
 

@@ -150,6 +150,7 @@ def _as_rank(fn, args, kwargs):
     rank 0 alone reports the error, in one line.
     """
     from jemeval.runtime.distributed import destroy, join, raise_any
+    from jemeval.runtime.shards import sharded
 
     ctx = join(resolve_device(kwargs.get("device")))
     if "device" in kwargs:
@@ -157,6 +158,7 @@ def _as_rank(fn, args, kwargs):
     result, error = None, None
     try:
         with contextlib.ExitStack() as quiet:
+            quiet.enter_context(sharded())
             if not ctx.is_main:
                 null = quiet.enter_context(open(os.devnull, "w"))
                 quiet.enter_context(contextlib.redirect_stdout(null))

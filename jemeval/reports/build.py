@@ -35,7 +35,9 @@ from jemeval.reports.page import ModelInfo, report_blocks
 from jemeval.reports.sections import failure, run_section
 from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
 from jemeval.results import Result
+from jemeval.runtime import distributed as D
 from jemeval.runtime.devices import resolve_device
+from jemeval.runtime.shards import rank_and_world
 
 DEFAULT_OUT = os.path.join("runs", "report")
 
@@ -111,26 +113,42 @@ def prefixed(progress: ProgressArg, prefix: str):
 def compute(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]], device: torch.device, *,
             force: bool, progress: ProgressArg) -> dict[tuple[str, str], Entry]:
     """Every (model, section) Entry: from the cache when its settings match (and not ``force``), else
-    computed and cached at once; a failure becomes the Entry's one-line error."""
+    computed and cached at once; a failure becomes the Entry's one-line error.
+
+    Under torchrun every rank computes every section together (the sections share out their batches);
+    rank 0 decides what the cache holds and alone writes it, and the ranks agree on every error.
+    """
     entries: dict[tuple[str, str], Entry] = {}
+    writes = rank_and_world()[0] == 0
     with progress_bar(progress, len(plan) * len(models), "report", unit="section", leave=True) as bar:
         for section, options in plan.items():
             for m in models:
                 bar.describe(f"report: {section} {m.name}")
                 key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(device))
                 entry = None if force else load_entry(out, section, m.sha256, key)
-                if entry is None:
-                    start = time.perf_counter()
-                    try:
-                        runs = run_section(section, m.path, options, device=device,
-                                           progress=prefixed(progress, f"[{m.name} {section}]"))
-                        entry = save_entry(out, section, m.sha256, key, runs, time.perf_counter() - start)
-                    except Exception as exc:  # noqa: BLE001 - reported in the page; the other sections go on
-                        entry = Entry(section, m.sha256, error=failure(exc),
-                                      seconds=round(time.perf_counter() - start, 3))
+                if not D.main_value(entry is not None):
+                    entry = compute_entry(out, section, m, options, key, device, progress, write=writes)
+                elif entry is None:  # rank 0's cache hit (this rank writes nothing, so needs no Results)
+                    entry = Entry(section, m.sha256, cached=True)
                 entries[(m.name, section)] = entry
                 bar.update(1)
     return entries
+
+
+def compute_entry(out: Path, section: str, m: ModelInfo, options: dict[str, Any], key: str, device: torch.device,
+                  progress: ProgressArg, *, write: bool) -> Entry:
+    """One (model, section) computed now, and cached when ``write``; a failure is its one-line error
+    (agreed on by every rank: :func:`jemeval.runtime.distributed.shared_error`)."""
+    start = time.perf_counter()
+    try:
+        runs = run_section(section, m.path, options, device=device,
+                           progress=prefixed(progress, f"[{m.name} {section}]"))
+        if not write:
+            return Entry(section, m.sha256, runs=runs, seconds=round(time.perf_counter() - start, 3))
+        return save_entry(out, section, m.sha256, key, runs, time.perf_counter() - start)
+    except Exception as exc:  # noqa: BLE001 - reported in the page; the other sections go on
+        seconds = round(time.perf_counter() - start, 3)
+        return Entry(section, m.sha256, error=failure(D.shared_error(exc)), seconds=seconds)
 
 
 def report(
@@ -178,7 +196,8 @@ def report(
                  "data_root": None if data_root is None else os.fspath(data_root), "download": download or None}
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
     dev = resolve_device(device)
-    folder = claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT)
+    main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
+    folder = claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT) if main else Path(out)
     entries = compute(folder, infos, plan, dev, force=force, progress=progress)
     prov = provenance(command="report", device=dev, seed=int(seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
@@ -186,6 +205,9 @@ def report(
                    for m in infos]})
     if config is not None:
         prov["config"] = dict(config)
+    if not main:
+        return ReportResult([], prov, paths={"dir": folder, "markdown": folder / "report.md",
+                                             "html": folder / "report.html", "json": folder / "report.json"})
     return write_report(folder, infos, plan, entries, prov, preset=preset)
 
 

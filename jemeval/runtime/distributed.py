@@ -244,6 +244,25 @@ def raise_any(error: BaseException | None) -> None:
         raise copy
 
 
+def shared_error(error: Exception) -> Exception:
+    """The error every rank agrees on, for code that handles an error and goes on (a collective
+    unless ``error`` already went through :func:`raise_any`): each rank's own error where it had
+    one, else the first failing rank's. In a single process, ``error`` itself."""
+    if getattr(error, "shared", False):
+        return error
+    try:
+        raise_any(error)
+    except Exception as agreed:  # noqa: BLE001 - raise_any always raises here: error is not None
+        return agreed
+    return error
+
+
+def main_value(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a collective; ``obj`` itself in a single process): a decision
+    every rank must take the same way, e.g. whether a cached result can be used."""
+    return gather_objects(obj)[0]
+
+
 def _usage_param(error: BaseException) -> str | None | bool:
     """A UsageError's parameter (None when it names none); False for every other error."""
     return error.param if isinstance(error, UsageError) else False

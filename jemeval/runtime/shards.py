@@ -3,20 +3,22 @@
 An evaluation that runs batch by batch (attacks, OOD scores, SGLD chains) gives the same records in
 N processes as in one when two things hold, and this module provides both:
 
-* **The work is split by whole batches** (:func:`map_batches`, :func:`map_items`): batch b runs on rank b mod N with
-  exactly the examples, batch size and BatchNorm statistics it has in a single process, and the
+* **The work is split by whole batches** (:func:`map_batches`, :func:`map_items`): batch b runs on
+  rank b mod N with exactly the examples, batch size and BatchNorm statistics it has in a single process, and the
   results come back in batch order on every rank.
 * **Every random stream depends on (seed, batch index) only** (:func:`batch_generator`), never on
   how many batches a process ran before it. Batch 0 uses the seed itself, so a run that fits in one
   batch keeps the numbers it had before streams were split by batch.
 
-Errors stop every rank (:func:`jemeval.runtime.distributed.raise_any`): a rank that fails in its
-batches still takes part in the exchange, so the others learn of it instead of waiting forever.
+Only inside :func:`sharded` (what ``--nproc`` sets up) is the work dealt out. Errors stop every
+rank (:func:`jemeval.runtime.distributed.raise_any`): a rank that fails in its batches still takes
+part in the exchange, so the others learn of it instead of waiting forever.
 Outside ``torchrun`` (or with one process) everything here is the single-process computation.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -27,9 +29,30 @@ from jemeval.runtime import distributed as D
 T = TypeVar("T")
 
 
+_SHARDING = False  # set by sharded(): only then is the work dealt out
+
+
+@contextlib.contextmanager
+def sharded() -> Iterator[None]:
+    """Deal the batches of the evaluations run inside out over the process group's ranks.
+
+    The commands' ``--nproc`` (and ``torchrun -m jemeval ...``) run them inside it; from Python,
+    under torchrun: ``with sharded(): result = robust(...)`` on every rank. Outside it, code that runs
+    under a process group for another purpose (a DDP trainer's validation) computes every batch
+    itself, as it always did.
+    """
+    global _SHARDING
+    before, _SHARDING = _SHARDING, True
+    try:
+        yield
+    finally:
+        _SHARDING = before
+
+
 def rank_and_world() -> tuple[int, int]:
-    """(this process's rank, the number of processes): (0, 1) outside a process group."""
-    if not D.active():
+    """(this process's rank, the number of processes sharing the batches): (0, 1) outside
+    :func:`sharded` or a process group."""
+    if not (_SHARDING and D.active()):
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
 
@@ -75,9 +98,11 @@ def map_items(fn: Callable[[int, Any], T], items: Iterable[Any]) -> list[T]:
                 results.append(fn(b, item))
     except Exception as exc:  # noqa: BLE001 - raised on every rank by raise_any
         error = exc
-    D.raise_any(error)
     if world == 1:
+        if error is not None:
+            raise error
         return results
+    D.raise_any(error)
     return interleave(D.gather_objects(results), count)
 
 

@@ -12,6 +12,7 @@ from jemeval.cli.options import (
     device_option,
     eval_fraction,
     input_path_option,
+    nproc_option,
     parse_floats,
     parse_ints,
     resolve_device,
@@ -89,6 +90,7 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 @seed_option(0)
 @device_option
 @data_options
+@nproc_option
 def cli(models, names, preset, sections, out, force, data, n, input_sigma, refine_steps, ood, scores, norm, epsilons,
         attacks, options, as_json, seed, device, data_root, download):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
