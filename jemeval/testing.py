@@ -28,7 +28,7 @@ from torch import nn
 
 from jemeval.components import NORMS, is_detector, metric_task
 from jemeval.data import ArrayDataset, to_arrays
-from jemeval.energy.model import EnergyModel
+from jemeval.energy.model import EnergyModel, log_p
 from jemeval.evaluation.batching import new_detector
 from jemeval.evaluation.threat import perturbation_norm
 from jemeval.plugins import get_plugin_manager
@@ -99,7 +99,7 @@ def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequenc
     out = net(x)
     assert out.shape == (2, num_classes), f"model gives logits of shape {tuple(out.shape)}, expected (2, {num_classes})"
     assert torch.isfinite(out).all(), "model gives non-finite logits"
-    (g,) = torch.autograd.grad(out.logsumexp(1).sum(), x)
+    (g,) = torch.autograd.grad(log_p(out).sum(), x)
     assert g.abs().sum() > 0, "logits do not depend on the input (zero input gradient)"
     return net
 

@@ -88,7 +88,7 @@ def energy(model, x, *, T: float = 1.0):
 
 def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
     t = positive("energy", "the temperature T", T, "energy:T=1")
-    return t * (logits / t).logsumexp(dim=1)
+    return t * log_p(logits / t)
 
 
 def entropy(model, x):
