@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader
 import jemeval
 from jemeval import testing
 from jemeval.builtins import detectors, scores
+from jemeval.detector_cache import cache_dir
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
 from jemeval.evaluation.ood import evaluate_ood
-from jemeval.evaluation.ood_fit import cache_dir
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ with the sign flipped to jemeval's convention (pytorch-ood returns outlier score
   weights are zeroed (Sun & Li 2022).
 
 The fitted state (``state_dict()``) is tensors and plain values, which jemeval caches on disk
-(:mod:`jemeval.evaluation.ood_fit`). ``grid`` is pytorch-ood's ``hyperparameter_space``.
+(:mod:`jemeval.detector_cache`). ``grid`` is pytorch-ood's ``hyperparameter_space``.
 """
 from __future__ import annotations
 

@@ -9,21 +9,15 @@ A detector (:mod:`jemeval.components`) is fitted once per (model, detector, opti
   10% (at most 5000) of the train split is held out instead. The test split is never fitted on.
 * **One pass**: detectors with ``fit_features`` share one forward pass over the fit data (features,
   logits and labels, :func:`jemeval.evaluation.batching.run_batches`); the others get the dataset.
-* **Cache**: a fitted ``state_dict()`` is written atomically to
-  ``$JEMEVAL_CACHE_DIR/detectors`` (default ``~/.cache/jemeval/detectors``), keyed by the SHA-256 of
-  the model's weights and architecture, the detector (name, plugin and its version), its options
-  and a fingerprint of the fit data (the images themselves for in-memory sets); it is read back
-  with ``torch.load(weights_only=True)`` (tensors and plain values; never a pickle), so a second
-  run does not refit. A cache that cannot be read or written is refitted around, with a warning.
+* **Cache**: a fitted ``state_dict()`` is stored by :mod:`jemeval.detector_cache` (which owns the
+  files: atomic writes, ``weights_only=True`` reads), keyed by the SHA-256 of the model's weights and
+  architecture, the detector (name, plugin and its version), its options and a fingerprint of the
+  fit data (the images themselves for in-memory sets), so a second run does not refit.
 """
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,21 +27,13 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from jemeval import __version__
-from jemeval.atomic import write_atomic
 from jemeval.data import ArrayDataset, ClassSubset, default_val_size, load_dataset, split_indices, subsample, take
-from jemeval.errors import JemevalError, UsageError
+from jemeval.detector_cache import CACHE_FORMAT, cache_path, load_state, save_state
+from jemeval.errors import UsageError
 from jemeval.evaluation.batching import ScoreFn, run_batches
 from jemeval.evaluation.calibration import held_out_indices
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.progress import ProgressArg
-
-CACHE_ENV = "JEMEVAL_CACHE_DIR"
-CACHE_FORMAT = 1
-
-
-def cache_dir() -> Path:
-    """Where fitted detector states live: ``$JEMEVAL_CACHE_DIR/detectors`` or ``~/.cache/jemeval/detectors``."""
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/jemeval").expanduser() / "detectors"
 
 
 @dataclass
@@ -135,9 +121,8 @@ class DetectorFitter:
 
     def _fit(self, score: ScoreFn) -> dict[str, Any]:
         key = self._key(score)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", score.name)
-        path = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
-        if self.cache and _load(score, path, key):
+        path = cache_path(score.name, key)
+        if self.cache and load_state(score.fn, path, key, score.label):
             return {"fit": "cached", "cache": str(path)}
         labels_needed = getattr(score.fn, "needs_labels", False)
         if callable(getattr(score.fn, "fit_features", None)):
@@ -148,7 +133,7 @@ class DetectorFitter:
             score.fn.fit_features(self.model, features, logits, labels, **score.options)
         else:
             score.fn.fit(self.model, self.sets.fit, **score.options)
-        saved = self.cache and _save(score, path, key)
+        saved = self.cache and save_state(score.fn, path, key, score.label)
         return {"fit": "fitted", "cache": str(path) if saved else None}
 
     def _shared_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -170,41 +155,3 @@ class DetectorFitter:
                            "class": f"{type(score.fn).__module__}.{type(score.fn).__qualname__}",
                            "options": score.options, "model": self._fingerprints[0],
                            "fit_data": self._fingerprints[1]}, sort_keys=True, default=str)
-
-
-def _load(score: ScoreFn, path: Path, key: str) -> bool:
-    """Load the cached state of ``score`` into its detector; False when there is none to use."""
-    if not callable(getattr(score.fn, "load_state_dict", None)) or not path.exists():
-        return False
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(saved, dict) or saved.get("key") != key:
-            return False
-        score.fn.load_state_dict(saved["state"])
-        return True
-    except Exception as exc:  # an unreadable cache file is refitted, never fatal
-        warnings.warn(f"cached state {str(path)!r} of score {score.label!r} could not be read "
-                      f"({type(exc).__name__}: {exc}); fitting again", stacklevel=2)
-        return False
-
-
-def _save(score: ScoreFn, path: Path, key: str) -> bool:
-    """Cache the fitted state of ``score`` (tensors and plain values); False when it cannot be."""
-    if not callable(getattr(score.fn, "state_dict", None)):
-        return False
-    buffer = io.BytesIO()
-    try:
-        torch.save({"format": CACHE_FORMAT, "key": key, "state": score.fn.state_dict()}, buffer)
-        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)  # what a later run will be able to read
-    except Exception as exc:
-        warnings.warn(f"the state_dict() of score {score.label!r} is not tensors and plain values "
-                      f"({type(exc).__name__}); it is not cached and will be fitted again next time", stacklevel=2)
-        return False
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)  # the cache owns its folder
-        write_atomic(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
-        return True
-    except (OSError, JemevalError) as exc:
-        warnings.warn(f"could not cache the fitted state of score {score.label!r} in {str(path.parent)!r} ({exc}); "
-                      f"set {CACHE_ENV} to a writable folder", stacklevel=2)
-        return False
