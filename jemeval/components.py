@@ -1,4 +1,22 @@
-"""The shapes of metrics, attacks and training loggers (scores and models are fixed by README.md's conventions).
+"""The shapes of metrics, attacks, detectors and training loggers.
+
+Plain scores and models are fixed by README.md's conventions.
+
+Detectors
+---------
+A registered score is either a function ``fn(model, x, **options) -> Tensor[N]`` or a *detector*: an
+object (or a class, instantiated without arguments) with a fit stage::
+
+    detector.fit(model, dataset, **options)      # in-distribution training data, once per (model, data)
+    detector.score(model, x) -> Tensor[N]        # higher = more in-distribution
+
+jemeval gives every use of a detector (``knn``, ``knn:k=10``) its own copy. Optional, all additive:
+``fit_features(model, features, logits, labels, **options)`` and ``score_features(features, logits)``
+(jemeval then computes features and logits once per batch for every detector; options are checked
+against ``fit_features``' signature when it exists, else ``fit``'s), ``state_dict()`` /
+``load_state_dict(state)`` with tensors and plain values only (the fitted state is then cached on
+disk, so a second run does not refit), ``grid`` (option -> candidates, for ``tune_on``) and
+``needs_labels`` (fit data must be labelled).
 
 Metrics
 -------
@@ -93,6 +111,11 @@ def calibration_metric(fn: F) -> F:
 def metric_task(obj) -> str | None:
     task = getattr(obj, "task", None)
     return task if task in METRIC_TASKS else None
+
+
+def is_detector(obj) -> bool:
+    """True for a score with a fit stage (an object or class with ``fit`` and ``score``)."""
+    return callable(getattr(obj, "fit", None)) and callable(getattr(obj, "score", None))
 
 
 def pixel_to_model_scale(eps: float) -> float:

@@ -152,7 +152,12 @@ def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> 
         raise UsageError(f"{name} must be a positive number of examples, got {n}", param=name)
     if n is None or n >= len(ds):
         return ds
-    idx = np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False))
+    return take(ds, np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False)))
+
+
+def take(ds: Dataset, idx: Sequence[int] | np.ndarray) -> Dataset:
+    """The examples ``idx`` of ``ds``, in that order, keeping its attributes (an ArrayDataset stays one)."""
+    idx = np.asarray(idx, dtype=np.int64)
     if isinstance(ds, ArrayDataset):
         out = ArrayDataset(ds.x[idx], ds.y[idx], num_classes=ds.num_classes, name=ds.name, info=ds.info, validate=False)
         out.spec = getattr(ds, "spec", None)

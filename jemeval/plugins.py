@@ -40,7 +40,9 @@ DISABLE_AUTOLOAD_ENV = "JEMEVAL_DISABLE_PLUGIN_AUTOLOAD"
 COMPONENT_PLUGINS = (
     "jemeval.builtins.models",
     "jemeval.builtins.datasets",
+    "jemeval.builtins.ood_datasets",
     "jemeval.builtins.scores",
+    "jemeval.builtins.detectors",
     "jemeval.builtins.metrics",
     "jemeval.builtins.attacks",
     "jemeval.builtins.autoattack",

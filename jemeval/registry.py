@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jemeval import hookspecs
+from jemeval.components import is_detector
 from jemeval.errors import DuplicateNameError, UnknownNameError, UsageError, did_you_mean
 
 
@@ -55,6 +56,8 @@ def _is_layout(obj: Any) -> bool:
 _OBJECTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "checkpoint_layout": ("an object with match(obj) or match_path(path) (a jemeval.formats.foreign.CheckpointLayout)",
                           _is_layout),
+    "score": ("a function obj(model, x) or a detector with fit(model, dataset, **options) and score(model, x)",
+              lambda obj: callable(obj) or is_detector(obj)),
 }
 
 

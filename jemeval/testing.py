@@ -11,13 +11,14 @@
 * :func:`registered_plugin`: register a plugin object for the duration of a ``with`` block (or a
   test), the way datasette's tests do; the registry is rebuilt with it and restored afterwards.
 * :func:`tiny_model`, :func:`tiny_dataset`: small, fast, deterministic stand-ins.
-* :func:`check_model`, :func:`check_dataset`, :func:`check_score`, :func:`check_metric`,
-  :func:`check_attack`: contract checks that raise ``AssertionError`` with a message saying which
-  part of the contract a component breaks.
+* :func:`check_model`, :func:`check_dataset`, :func:`check_score`, :func:`check_detector`,
+  :func:`check_metric`, :func:`check_attack`: contract checks that raise ``AssertionError`` with a
+  message saying which part of the contract a component breaks.
 """
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,8 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from jemeval.components import NORMS, metric_task
-from jemeval.energy.model import EnergyModel
+from jemeval.components import NORMS, is_detector, metric_task
+from jemeval.data import ArrayDataset, to_arrays
+from jemeval.energy.model import EnergyModel, log_p
+from jemeval.evaluation.batching import new_detector
 from jemeval.evaluation.threat import perturbation_norm
 from jemeval.plugins import get_plugin_manager
 
@@ -43,7 +46,8 @@ def registered_plugin(plugin: object, name: str | None = None, version: str | No
 
 
 class TinyNet(nn.Module):
-    """A two-layer LeakyReLU network on flattened inputs: enough to have a real energy surface."""
+    """A two-layer LeakyReLU network on flattened inputs: enough to have a real energy surface. It gives
+    penultimate features (the hidden layer) through timm's protocol, as EnergyModel.features reads."""
 
     def __init__(self, num_classes: int, input_shape: Sequence[int], hidden: int = 32):
         super().__init__()
@@ -52,6 +56,15 @@ class TinyNet(nn.Module):
 
     def forward(self, x):
         return self.body(x)
+
+    def forward_features(self, x):
+        return self.body[2](self.body[1](self.body[0](x)))
+
+    def forward_head(self, h, pre_logits: bool = False):
+        return h if pre_logits else self.body[3](h)
+
+    def get_classifier(self) -> nn.Module:
+        return self.body[3]
 
 
 def tiny_model(num_classes: int = 3, input_shape: Sequence[int] = (1, 4, 4), seed: int = 0) -> EnergyModel:
@@ -63,8 +76,6 @@ def tiny_model(num_classes: int = 3, input_shape: Sequence[int] = (1, 4, 4), see
 
 def tiny_dataset(n: int = 32, input_shape: Sequence[int] = (1, 4, 4), num_classes: int = 3, seed: int = 0):
     """``n`` random images in [-1, 1] with balanced labels (an :class:`~jemeval.data.ArrayDataset`)."""
-    from jemeval.data import ArrayDataset
-
     g = torch.Generator().manual_seed(seed)
     x = torch.rand((n, *input_shape), generator=g) * 2 - 1
     y = torch.arange(n) % num_classes
@@ -88,7 +99,7 @@ def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequenc
     out = net(x)
     assert out.shape == (2, num_classes), f"model gives logits of shape {tuple(out.shape)}, expected (2, {num_classes})"
     assert torch.isfinite(out).all(), "model gives non-finite logits"
-    (g,) = torch.autograd.grad(out.logsumexp(1).sum(), x)
+    (g,) = torch.autograd.grad(log_p(out).sum(), x)
     assert g.abs().sum() > 0, "logits do not depend on the input (zero input gradient)"
     return net
 
@@ -127,6 +138,48 @@ def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8
     halves = torch.cat([score(model, x[: n // 2], **options), score(model, x[n // 2:], **options)])
     assert torch.allclose(halves.detach(), s.detach(), rtol=1e-4, atol=1e-5), \
         "score of an example depends on the rest of the batch"
+    return s
+
+
+def check_detector(detector_or_name: Any, model: EnergyModel | None = None, dataset: Any = None, n: int = 8,
+                   **options) -> torch.Tensor:
+    """A detector fits on in-distribution data (``dataset``, default 64 tiny images), then scores as a
+    score must (:func:`check_score`). Its optional parts agree with the required ones: ``state_dict()``
+    holds tensors and plain values (``torch.load(weights_only=True)`` reads it) and restores the same
+    scores in a fresh copy; ``score_features`` equals ``score``; ``fit_features`` fits as ``fit`` does."""
+    obj = _component("score", detector_or_name)
+    assert is_detector(obj), "a detector has fit(model, dataset, **options) and score(model, x)"
+    model = (model or tiny_model()).eval()
+    dataset = dataset if dataset is not None else tiny_dataset(64, model.input_shape, model.num_classes)
+    detector = new_detector(obj)
+    detector.fit(model, dataset, **options)
+    s = check_score(lambda m, x: detector.score(m, x), model, n)
+    x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    if callable(getattr(detector, "state_dict", None)):
+        buffer = io.BytesIO()
+        torch.save(detector.state_dict(), buffer)
+        try:
+            state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        except Exception as exc:
+            raise AssertionError(f"state_dict() must hold tensors and plain values only ({exc})") from None
+        fresh = new_detector(obj)
+        fresh.load_state_dict(state)
+        assert torch.allclose(fresh.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
+            "load_state_dict(state_dict()) does not restore the fitted detector's scores"
+    if callable(getattr(detector, "score_features", None)) or callable(getattr(detector, "fit_features", None)):
+        with torch.no_grad():
+            features, logits = model.features_and_logits(x)
+    if callable(getattr(detector, "score_features", None)):
+        assert torch.allclose(detector.score_features(features, logits).double(), s.double(), rtol=1e-5,
+                              atol=1e-6), "score_features(features, logits) differs from score(model, x)"
+    if callable(getattr(detector, "fit_features", None)):
+        xs, ys = to_arrays(dataset)
+        with torch.no_grad():
+            fit_f, fit_l = model.features_and_logits(xs)
+        other = new_detector(obj)
+        other.fit_features(model, fit_f, fit_l, ys, **options)
+        assert torch.allclose(other.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
+            "fit_features(model, features, logits, labels) fits differently from fit(model, dataset)"
     return s
 
 

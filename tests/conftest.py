@@ -150,6 +150,19 @@ def pytest_collection_finish(session):
             return
 
 
+@pytest.fixture(scope="session", autouse=True)
+def detector_cache(tmp_path_factory):
+    """Fitted detector states go to a temporary folder, never to the user's ~/.cache/jemeval."""
+    folder = tmp_path_factory.mktemp("jemeval-cache")
+    old = os.environ.get("JEMEVAL_CACHE_DIR")
+    os.environ["JEMEVAL_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("JEMEVAL_CACHE_DIR", None)
+    else:
+        os.environ["JEMEVAL_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def digits_classifier_ckpt(tmp_path_factory):
     """Path to a checkpoint of a plain digits classifier (cnn, width 16, ~97% test accuracy)."""

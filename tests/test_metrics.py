@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
+from sklearn.metrics import auc, average_precision_score, log_loss, precision_recall_curve, roc_auc_score
 
 import jemeval
 from jemeval import testing
@@ -16,13 +16,22 @@ def scores():
     return rng.normal(1.0, 1.0, 300), rng.normal(0.0, 1.5, 200)
 
 
+def _trapezoid_aupr(y, s):
+    precision, recall, _ = precision_recall_curve(y, s)
+    return auc(recall, precision)
+
+
 def test_auroc_aupr_match_sklearn(scores):
     id_s, ood_s = scores
     y = np.r_[np.ones(300), np.zeros(200)]
     s = np.r_[id_s, ood_s]
     assert mf.auroc(id_s, ood_s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
-    assert mf.aupr_in(id_s, ood_s) == pytest.approx(average_precision_score(y, s), abs=1e-12)
-    assert mf.aupr_out(id_s, ood_s) == pytest.approx(average_precision_score(1 - y, -s), abs=1e-12)
+    # AUPR as OpenOOD v1.5 and pytorch-ood compute it: the trapezoidal area under the PR curve
+    assert mf.aupr_in(id_s, ood_s) == pytest.approx(_trapezoid_aupr(y, s), abs=1e-12)
+    assert mf.aupr_out(id_s, ood_s) == pytest.approx(_trapezoid_aupr(1 - y, -s), abs=1e-12)
+    # which is not average precision (the step-wise sum), though close to it
+    assert mf.aupr_in(id_s, ood_s) != pytest.approx(average_precision_score(y, s), abs=1e-6)
+    assert mf.aupr_in(id_s, ood_s) == pytest.approx(average_precision_score(y, s), abs=0.02)
 
 
 def test_auroc_by_hand_pair_counting(scores):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from sklearn.metrics import average_precision_score, roc_auc_score
+from sklearn.metrics import auc, precision_recall_curve, roc_auc_score
 
 import jemeval
 from jemeval import testing
@@ -131,8 +131,10 @@ def test_metrics_recomputed_from_saved_scores(ood_run):
             y = np.r_[np.ones(len(id_s)), np.zeros(len(ood_s))]
             s = np.r_[id_s, ood_s]
             assert r["auroc"] == pytest.approx(roc_auc_score(y, s), abs=1e-6)
-            assert r["aupr_in"] == pytest.approx(average_precision_score(y, s), abs=1e-6)
-            assert r["aupr_out"] == pytest.approx(average_precision_score(1 - y, -s), abs=1e-6)
+            precision, recall, _ = precision_recall_curve(y, s)  # AUPR: trapezoidal, as OpenOOD
+            assert r["aupr_in"] == pytest.approx(auc(recall, precision), abs=1e-6)
+            precision, recall, _ = precision_recall_curve(1 - y, -s)
+            assert r["aupr_out"] == pytest.approx(auc(recall, precision), abs=1e-6)
             threshold = np.sort(id_s)[::-1][int(np.ceil(0.95 * len(id_s))) - 1]
             assert r["fpr95"] == pytest.approx(np.mean(ood_s >= threshold), abs=1e-6)
         assert json.loads(str(f["provenance"]))["settings"]["sigma"] == 0.01

@@ -232,7 +232,7 @@ def test_example_plugin_installed_through_real_entry_point():
     assert ex["version"] == "0.1.0" and ex["distribution"] == "jemeval-example" and ex["error"] is None
     assert ex["registered"] == {"attack": ["example-noise"], "dataset": ["example-stripes"],
                                 "metric": ["example-detection-error"], "model": ["example-mlp"],
-                                "score": ["example-l2"], "command": ["example-count"]}
+                                "score": ["example-centroid", "example-l2"], "command": ["example-count"]}
     assert "register_commands" in ex["hooks"]
 
 
@@ -241,6 +241,7 @@ def test_example_plugin_components_pass_the_contract_checks():
     ds = testing.check_dataset("example-stripes")
     assert ds.num_classes == 2
     testing.check_score("example-l2")
+    testing.check_detector("example-centroid")
     assert testing.check_metric("example-detection-error") >= 0
     testing.check_attack("example-noise", norm="linf")
     testing.check_attack("example-noise", norm="l2")

@@ -1,23 +1,65 @@
-"""Built-in OOD scores; higher = more in-distribution.
+"""Built-in OOD scores (plain functions); higher = more in-distribution.
 
 * ``logpx``: log p~(x) = logsumexp f(x) (the JEM density score)
 * ``maxprob``: max_y p(y | x) (the classifier baseline, Hendrycks & Gimpel)
 * ``maxlogit``: max_y f(x)[y]
 * ``energy``: T * logsumexp(f(x) / T), minus the free energy of Liu et al. (T = 1 equals logpx)
-* ``gradnorm``: the paper's "approximate mass", -|| d log p~(x) / dx ||_2 per example over the
+* ``entropy``: minus the entropy of p(y | x) (pytorch-ood's ``Entropy``, sign flipped)
+* ``gradnorm``: the JEM paper's "approximate mass", -|| d log p~(x) / dx ||_2 per example over the
   whole input, computed for a batch with one backward pass (no per-example loop; examples are
-  independent in an eval-mode network, so the gradient of the batch sum is each one's own).
+  independent in an eval-mode network, so the gradient of the batch sum is each one's own). This is
+  *not* Huang et al.'s GradNorm, which is ``gradnorm-huang``:
+* ``gradnorm-huang``: || d KL(u || softmax(f/T)) / dW ||_1 for the last layer's weight W (Huang et
+  al. 2021, as pytorch-ood's ``GradNorm`` restricted to that weight): the gradient is an outer
+  product, so its L1 norm is ||(softmax(f/T) - 1/K) / T||_1 * ||features||_1, read off one forward.
+* ``odin``: ODIN (Liang et al. 2018): max softmax at temperature T of the input moved by eps (pixel
+  units, as attack epsilons; 2 eps in the [-1, 1] input space) against the gradient of the
+  cross-entropy of the predicted class; one forward-backward-forward per batch.
+* ``ash``: ASH (Djurisic et al. 2023, pytorch-ood's ``ASH``) on the pooled penultimate features,
+  then the energy of the head's logits; it assumes non-negative (ReLU) features.
+
+Scores that read only the logits (``from_logits``) or the features and logits (``from_features``)
+share the evaluation loop's one forward pass per batch. ``grid`` attributes are the
+hyperparameter candidates ``tune_on`` searches: pytorch-ood's ``hyperparameter_space`` (OpenOOD's
+grids; tests/test_detectors.py checks they agree). Fitted detectors are in
+:mod:`jemeval.builtins.detectors`.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
+from jemeval.components import pixel_to_model_scale
 from jemeval.energy.model import log_p
 from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
 from jemeval.sampling.sgld import frozen, input_grad
+
+
+def positive(score: str, option: str, value, example: str) -> float:
+    """An option that must be a finite number > 0 (a temperature: 0 would divide by zero, and the NaN
+    scores that follow would be blamed on the model's outputs)."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if not (math.isfinite(t) and t > 0):
+        raise UsageError(f"score {score!r}: {option} must be a finite number > 0 (e.g. {example}), got {value!r}")
+    return t
+
+
+def fraction(score: str, option: str, value) -> float:
+    """An option that is a fraction in [0, 1] (percentiles are fractions, as in pytorch-ood)."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        p = float("nan")
+    if not 0.0 <= p <= 1.0:
+        hint = f"; use {p / 100:g} for {p:g}%" if 1.0 < p <= 100.0 else ""
+        raise UsageError(f"score {score!r}: {option} must be a fraction in [0, 1], got {value!r}{hint}")
+    return p
 
 
 def logpx(model, x):
@@ -45,30 +87,94 @@ def energy(model, x, *, T: float = 1.0):
 
 
 def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
-    """The energy score of logits; T must be a finite number > 0 (T = 0 divides by zero, and the
-    resulting NaN scores would otherwise be blamed on the model's outputs)."""
-    try:
-        t = float(T)
-    except (TypeError, ValueError):
-        raise UsageError(f"score 'energy': the temperature T must be a number > 0, got {T!r}") from None
-    if not (math.isfinite(t) and t > 0):
-        raise UsageError(f"score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got {T!r}")
-    return t * (logits / t).logsumexp(dim=1)
+    t = positive("energy", "the temperature T", T, "energy:T=1")
+    return t * log_p(logits / t)
+
+
+def entropy(model, x):
+    """Minus the entropy of p(y|x) (pytorch-ood's Entropy, sign flipped)."""
+    with torch.no_grad():
+        return _entropy_from_logits(model.logits(x))
+
+
+def _entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    from pytorch_ood.detector import Entropy
+
+    return -Entropy.score(logits)
 
 
 def gradnorm(model, x):
-    """-||d log p~(x)/dx||_2 per example: the paper's approximate-mass score."""
+    """-||d log p~(x)/dx||_2 per example: the JEM paper's approximate-mass score."""
     with frozen(model):
         _, grad = input_grad(model, x)
     return -grad.flatten(1).norm(dim=1)
 
 
+def gradnorm_huang(model, x, *, T: float = 1.0):
+    """Huang et al.'s GradNorm: L1 norm of the last layer's weight gradient of KL(uniform || p(y|x; T))."""
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    return _gradnorm_huang_from_features(model, features, logits, T=T)
+
+
+def _gradnorm_huang_from_features(model, features, logits, *, T: float = 1.0) -> torch.Tensor:
+    t = positive("gradnorm-huang", "the temperature T", T, "gradnorm-huang:T=1")
+    k = logits.shape[1]
+    d_logits = ((logits.double() / t).softmax(dim=1) - 1.0 / k) / t  # d(mean_c -log softmax_c)/d logits
+    return d_logits.abs().sum(dim=1) * features.double().abs().sum(dim=1)
+
+
+def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
+    """ODIN: max softmax at temperature T after an eps (pixel units) signed-gradient input step."""
+    t = positive("odin", "the temperature T", T, "odin:T=1000")
+    if not (math.isfinite(float(eps)) and float(eps) >= 0):
+        raise UsageError(f"score 'odin': eps must be a finite number >= 0 (pixel units, e.g. odin:eps=0.0014), "
+                         f"got {eps!r}")
+    with frozen(model):
+        xg = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            logits = model.logits(xg) / t
+            loss = F.cross_entropy(logits, logits.argmax(dim=1), reduction="sum")  # per-example terms
+            (grad,) = torch.autograd.grad(loss, xg)
+        with torch.no_grad():
+            moved = model.logits(x.detach() - pixel_to_model_scale(float(eps)) * grad.sign())
+    return (moved.double() / t).softmax(dim=1).amax(dim=1)
+
+
+def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.65):
+    """ASH: prune (and binarize or rescale) the penultimate activations, then the energy of the logits."""
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    return _ash_from_features(model, features, logits, variant=variant, percentile=percentile)
+
+
+def _ash_from_features(model, features, logits, *, variant: str = "ash-s", percentile: float = 0.65):
+    from pytorch_ood.detector import ASH
+
+    if variant not in ASH.variants:
+        raise UsageError(f"score 'ash': unknown variant {variant!r}; choose {', '.join(sorted(ASH.variants))}")
+    head = model.classifier()
+    detector = ASH(backbone=None, head=lambda h: head(h.flatten(1)), variant=variant,
+                   percentile=fraction("ash", "percentile", percentile))
+    return -detector.predict_feature_maps(features[:, :, None, None])
+
+
 # The logits-only scores can share one forward pass: the evaluation loop computes logits once and
-# calls ``from_logits`` instead of the model (see jemeval.evaluation).
+# calls ``from_logits`` instead of the model (see jemeval.evaluation.batching); likewise
+# ``from_features(model, features, logits, **options)`` for the scores that read the features.
 logpx.from_logits = log_p
 maxprob.from_logits = lambda logits: logits.softmax(dim=1).amax(dim=1)
 maxlogit.from_logits = lambda logits: logits.amax(dim=1)
 energy.from_logits = _energy_from_logits
+entropy.from_logits = _entropy_from_logits
+gradnorm_huang.from_features = _gradnorm_huang_from_features
+ash.from_features = _ash_from_features
+
+# hyperparameter candidates for tune_on: pytorch-ood's hyperparameter_space (ODIN's temperature is T
+# here); energy's is OpenOOD's EBO sweep
+energy.grid = {"T": [1, 10, 100, 1000]}
+odin.grid = {"T": [1, 10, 100, 1000], "eps": [0.0014, 0.0028]}
+ash.grid = {"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]}
 
 
 @hookimpl
@@ -77,4 +183,8 @@ def register_scores(register):
     register("maxprob", maxprob)
     register("maxlogit", maxlogit)
     register("energy", energy)
-    register("gradnorm", gradnorm)
+    register("entropy", entropy)
+    register("gradnorm", gradnorm, help="-||d log p~(x)/dx||_2: JEM's approximate mass (not Huang et al.'s GradNorm)")
+    register("gradnorm-huang", gradnorm_huang)
+    register("odin", odin)
+    register("ash", ash)

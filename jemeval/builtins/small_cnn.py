@@ -27,3 +27,13 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+    # timm's feature protocol, which EnergyModel.features reads: pooled penultimate features, the linear head
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+    def forward_head(self, h: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return h if pre_logits else self.head(h)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head

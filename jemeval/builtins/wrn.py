@@ -89,3 +89,13 @@ class WRN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.class_output(self.f(x))
+
+    # timm's feature protocol, which EnergyModel.features reads: pooled penultimate features, the linear head
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(x)
+
+    def forward_head(self, h: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return h if pre_logits else self.class_output(h)
+
+    def get_classifier(self) -> nn.Module:
+        return self.class_output

@@ -10,6 +10,11 @@ in the part of the logits an ordinary classifier ignores.
 
 Inputs are N x C x H x W tensors in [-1, 1]. An optional per-channel ``normalization`` (mean, std)
 is applied *inside* the model, so every caller (sampler, attacks, scores) still works in [-1, 1].
+
+OOD detectors (Mahalanobis, KNN, ViM, ReAct, ...) read the penultimate features and the linear head
+that maps them to the logits. A network offers them through timm's protocol, ``forward_features(x)``,
+``forward_head(h, pre_logits=True)`` and ``get_classifier()``: every timm model has it, and jemeval's
+own networks (``wrn``, ``cnn``, the IGEBM plugin's ``igebm``) implement it.
 """
 from __future__ import annotations
 
@@ -18,6 +23,11 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from jemeval.errors import UsageError
+
+#: the methods a network needs for :meth:`EnergyModel.features` (timm's names)
+FEATURE_PROTOCOL = ("forward_features", "forward_head", "get_classifier")
 
 
 def log_p(logits: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,10 +78,11 @@ class EnergyModel(nn.Module):
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     # -- the energy-based reading ----------------------------------------------------------------
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.normalization is None else (x - self._norm_mean) / self._norm_std
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        if self.normalization is not None:
-            x = (x - self._norm_mean) / self._norm_std
-        out = self.net(x)
+        out = self.net(self._normalize(x))
         if out.dim() != 2:
             out = out.reshape(out.shape[0], -1)
         return out
@@ -94,9 +105,7 @@ class EnergyModel(nn.Module):
         energy (IGEBM) would otherwise evaluate all K classes to keep one.
         """
         if hasattr(self.net, "class_logits"):
-            if self.normalization is not None:
-                x = (x - self._norm_mean) / self._norm_std
-            return self.net.class_logits(x, y)
+            return self.net.class_logits(self._normalize(x), y)
         return log_p(self.logits(x), y)
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +114,36 @@ class EnergyModel(nn.Module):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits(x).argmax(dim=1)
+
+    # -- penultimate features ----------------------------------------------------------------------
+    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N x D penultimate features, N x K logits) from one forward pass of the network.
+
+        The logits equal :meth:`logits`; ``classifier()(features)`` gives them too (up to rounding), which
+        is what ViM, ReAct, DICE and ASH rely on. A network without the feature protocol raises one line
+        naming the architecture.
+        """
+        net = self._feature_net()
+        maps = net.forward_features(self._normalize(x))
+        features, logits = net.forward_head(maps, pre_logits=True), net.forward_head(maps)
+        return features.reshape(features.shape[0], -1), logits.reshape(logits.shape[0], -1)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """N x D penultimate features (the input of the last linear layer)."""
+        return self.features_and_logits(x)[0]
+
+    def classifier(self) -> nn.Module:
+        """The last layer, features -> logits: a linear module with ``weight`` (K x D) and ``bias`` (K)."""
+        return self._feature_net().get_classifier()
+
+    def _feature_net(self) -> nn.Module:
+        missing = [m for m in FEATURE_PROTOCOL if not callable(getattr(self.net, m, None))]
+        if missing:
+            raise UsageError(
+                f"architecture {self.arch or type(self.net).__name__!r} gives no penultimate features: its network "
+                f"({type(self.net).__name__}) lacks {', '.join(missing)} (timm's feature protocol); use scores that "
+                "need only logits or input gradients (logpx, maxprob, energy, entropy, gradnorm, odin)")
+        return self.net
 
     @property
     def device(self) -> torch.device:

@@ -13,6 +13,7 @@ model (:func:`prepare_model`), its training dataset, input shapes and numeric ar
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from jemeval.components import is_detector
 from jemeval.data import input_shape_of, iterate_batches
 from jemeval.errors import JemevalError, UsageError
 from jemeval.formats.load import load_model
@@ -38,22 +40,58 @@ DEFAULT_BATCH_SIZE = 256
 
 @dataclass(frozen=True)
 class ScoreFn:
-    """A resolved score: its label as written (``energy:T=2``), the callable and its options."""
+    """A resolved score: its label as written (``energy:T=2``), the function or detector, its options.
+
+    A detector (:func:`jemeval.components.is_detector`) is this label's own instance, fitted by the
+    caller with ``options`` before the batch loop scores with it.
+    """
 
     label: str
     name: str
-    fn: Callable
+    fn: Any
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def detector(self) -> bool:
+        return is_detector(self.fn)
 
     @property
     def from_logits(self) -> Callable | None:
         """The logits-only form of the score, if it has one (then no extra forward pass)."""
-        return getattr(self.fn, "from_logits", None)
+        return None if self.detector else getattr(self.fn, "from_logits", None)
 
-    def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
-        if self.from_logits is not None:
+    @property
+    def from_features(self) -> Callable | None:
+        """The form that reads the batch's features and logits: ``from_features(model, features, logits,
+        **options)`` of a function, ``score_features(features, logits)`` of a detector."""
+        return getattr(self.fn, "score_features" if self.detector else "from_features", None)
+
+    def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor | None,
+                 features: torch.Tensor | None = None) -> torch.Tensor:
+        if self.detector:
+            if features is not None and self.from_features is not None:
+                return self.fn.score_features(features, logits)
+            return self.fn.score(model, x)
+        if self.from_logits is not None and logits is not None:
             return self.from_logits(logits, **self.options)
+        if self.from_features is not None and features is not None:
+            return self.from_features(model, features, logits, **self.options)
         return self.fn(model, x, **self.options)
+
+
+def new_detector(obj: Any) -> Any:
+    """This use's own detector: a registered class is instantiated, a registered object copied."""
+    return obj() if isinstance(obj, type) else copy.deepcopy(obj)
+
+
+def check_score_options(fn: Any, options: dict[str, Any], name: str) -> None:
+    """Options a score accepts: a function's keywords after (model, x); a detector's after the data
+    arguments of ``fit_features`` (model, features, logits, labels) or, without it, of ``fit``."""
+    if is_detector(fn):
+        target = getattr(fn, "fit_features", None)
+        check_options(target or fn.fit, options, f"score {name!r}", skip=4 if target else 2)
+    else:
+        check_options(fn, options, f"score {name!r}", skip=2)
 
 
 def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
@@ -65,7 +103,9 @@ def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
         if spec.variant is not None or spec.classes is not None:
             raise UsageError(f"score {text!r}: scores take only key=value options, e.g. 'energy:T=2'")
         fn = registry.get("score", spec.name)
-        check_options(fn, spec.options, f"score {spec.name!r}", skip=2)
+        if is_detector(fn):
+            fn = new_detector(fn)
+        check_score_options(fn, spec.options, spec.name)
         label = str(spec)
         if label in seen:
             raise UsageError(f"score {label!r} is given twice")
@@ -82,6 +122,7 @@ class BatchOutputs:
     labels: np.ndarray  # N int64 (-1 for unlabelled sets)
     scores: dict[str, np.ndarray]  # score label -> N float64
     settings: dict[str, Any]  # sigma, noise seed, batch size: for provenance
+    features: np.ndarray | None = None  # N x D float32 penultimate features (None when not kept)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -112,6 +153,7 @@ def run_batches(
     *,
     scores: Sequence[ScoreFn] = (),
     keep_logits: bool = True,
+    keep_features: bool = False,
     sigma: float = 0.0,
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -119,31 +161,36 @@ def run_batches(
     progress: ProgressArg = None,
     desc: str | None = None,
 ) -> BatchOutputs:
-    """One pass over ``dataset``: logits once per batch, every score from that batch.
+    """One pass over ``dataset``: logits (and features) once per batch, every score from that batch.
 
     ``sigma`` > 0 adds N(0, sigma^2) noise to every input (the evaluation input noise; the JEM
     release used 0.03) from a generator seeded with ``seed`` on the model's device, before the
-    logits and all scores are computed. The network runs in eval mode with frozen parameters;
-    gradient scores still get input gradients (they enable grad themselves). ``progress``: see
-    :mod:`jemeval.progress` (one unit per image).
+    logits and all scores are computed. When a score reads features (a fitted detector's
+    ``score_features``) or ``keep_features`` is set, the forward pass gives the penultimate features
+    too (:meth:`jemeval.energy.model.EnergyModel.features_and_logits`): still one pass per batch.
+    The network runs in eval mode with frozen parameters; gradient scores still get input gradients
+    (they enable grad themselves). ``progress``: see :mod:`jemeval.progress` (one unit per image).
     """
     check_input_sigma(sigma, "sigma")
     check_min("batch_size", batch_size, 1)
     device = torch.device(device) if device is not None else _model_device(model)
     generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
-    # a forward pass only when something reads the logits (gradient scores do their own)
-    need_logits = keep_logits or any(s.from_logits is not None for s in scores)
-    parts: dict[str, list[torch.Tensor]] = {"logits": [], "labels": [], **{s.label: [] for s in scores}}
+    # a forward pass only when something reads its outputs (gradient scores do their own)
+    need_features = keep_features or any(s.from_features is not None for s in scores)
+    need_logits = keep_logits or need_features or any(s.from_logits is not None for s in scores)
+    parts: dict[str, list[torch.Tensor]] = {"logits": [], "features": [], "labels": [], **{s.label: [] for s in scores}}
     with progress_bar(progress, len(dataset), desc or "", unit="img") as bar, frozen(model, train=False):
         for x, y in iterate_batches(dataset, batch_size, device):
             x = x.float()
             if generator is not None:
                 x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
-            logits = _logits_no_grad(model, x) if need_logits else None
+            features, logits = _forward(model, x, need_logits, need_features)
             for s in scores:
-                parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits), x.shape[0]))
+                parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits, features), x.shape[0]))
             if keep_logits:
                 parts["logits"].append(logits)
+            if keep_features:
+                parts["features"].append(features)
             parts["labels"].append(y.long())
             bar.update(x.shape[0])
     if not parts["labels"]:
@@ -155,12 +202,23 @@ def run_batches(
         labels=torch.cat(parts["labels"]).cpu().numpy(),
         scores=out_scores,
         settings={"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)},
+        features=torch.cat(parts["features"]).cpu().numpy() if keep_features else None,
     )
 
 
-def _logits_no_grad(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _forward(model: nn.Module, x: torch.Tensor, need_logits: bool,
+             need_features: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(features, logits) of one batch without a graph, float32; None for what nobody reads."""
+    if not need_logits:
+        return None, None
     with torch.no_grad():
-        return logits_of(model, x).float()
+        if not need_features:
+            return None, logits_of(model, x).float()
+        if not callable(getattr(model, "features_and_logits", None)):
+            raise UsageError(f"features-based scores need an EnergyModel (features_and_logits), got a "
+                             f"{type(model).__name__}; load the model with jemeval.load_model")
+        features, logits = model.features_and_logits(x)
+        return features.float(), logits.float()
 
 
 def _finite_scores(label: str, values: torch.Tensor, dataset: Dataset) -> np.ndarray:

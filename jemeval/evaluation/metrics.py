@@ -3,8 +3,10 @@
 OOD metrics, ``fn(id_scores, ood_scores) -> float``; scores: higher = more in-distribution.
 
 * AUROC: in-distribution is the positive class (scikit-learn's ``roc_auc_score``).
-* AUPR-In: average precision with in-distribution positive.
-* AUPR-Out: average precision with OOD positive and negated scores.
+* AUPR-In: area under the precision-recall curve with in-distribution positive, by the trapezoidal
+  rule over scikit-learn's ``precision_recall_curve`` (``sklearn.metrics.auc(recall, precision)``):
+  the AUPR of OpenOOD v1.5 and pytorch-ood's ``OODMetrics``, so numbers compare with theirs.
+* AUPR-Out: the same with OOD positive and negated scores.
 * FPR95: the fraction of OOD inputs accepted (score >= threshold) at the threshold that keeps
   95% of in-distribution inputs (the ODIN / energy-OOD convention). The threshold is the 5th
   percentile of in-distribution scores taken as the largest t with at least 95% of ID scores >= t.
@@ -49,22 +51,26 @@ def auroc(id_scores, ood_scores) -> float:
     return float(roc_auc_score(labels, scores))
 
 
+def _aupr(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Trapezoidal area under scikit-learn's precision-recall curve (OpenOOD's and pytorch-ood's AUPR)."""
+    from sklearn.metrics import auc, precision_recall_curve
+
+    precision, recall, _ = precision_recall_curve(labels, scores)
+    return float(auc(recall, precision))
+
+
 @ood_metric
 def aupr_in(id_scores, ood_scores) -> float:
-    """Area under the precision-recall curve (average precision), in-distribution positive."""
-    from sklearn.metrics import average_precision_score
-
+    """Area under the precision-recall curve (trapezoidal, as OpenOOD), in-distribution positive."""
     labels, scores = _labels_scores(id_scores, ood_scores)
-    return float(average_precision_score(labels, scores))
+    return _aupr(labels, scores)
 
 
 @ood_metric
 def aupr_out(id_scores, ood_scores) -> float:
-    """Average precision with OOD positive and negated scores."""
-    from sklearn.metrics import average_precision_score
-
+    """Area under the precision-recall curve (trapezoidal), OOD positive with negated scores."""
     labels, scores = _labels_scores(id_scores, ood_scores)
-    return float(average_precision_score(1 - labels, -scores))
+    return _aupr(1 - labels, -scores)
 
 
 @ood_metric

@@ -1,18 +1,23 @@
 """Out-of-distribution detection: how well does a score separate a model's data from other data?
 
 ``evaluate_ood(model, ["uniform", "interp"], scores=["logpx", "maxprob", "gradnorm"])`` runs the
-shared batch loop once per dataset (logits computed once, every score derived from the same
-batch), then reports one record per (score, OOD set) with the built-in OOD metrics (plugin
-metrics when named with ``metrics``):
+shared batch loop once per dataset (one forward pass per batch gives the logits, and the features
+when a detector reads them; every score is derived from the same batch), then reports one record
+per (score, OOD set) with the built-in OOD metrics (plugin metrics when named with ``metrics``):
 
 * AUROC and AUPR-In with in-distribution as the positive class;
 * AUPR-Out with OOD as the positive class and negated scores;
 * FPR95: the fraction of OOD inputs accepted at the threshold that keeps 95% of in-distribution
   inputs (lower is better).
 
-Scores are "higher = more in-distribution" (README.md, Conventions). The per-example scores come
-back in the result's ``extra["scores"]`` (:class:`~jemeval.artifacts.OODScores`), which the caller
-may save (``save_npz``) so that anyone can recompute the metrics independently, or plot
+Scores are "higher = more in-distribution" (README.md, Conventions). Detectors (mahalanobis, knn,
+vim, ...) are fitted first on the model's training images, once per (model, detector, options,
+data), and cached on disk (:mod:`jemeval.evaluation.ood_fit`); ``tune_on`` picks hyperparameters on
+an OOD validation set first (:mod:`jemeval.evaluation.ood_tune`). ``ood`` may name groups (``near``,
+``far``; :mod:`jemeval.evaluation.ood_sets`): their sets are evaluated one by one, records carry a
+``group`` key, and each group's mean is a record of its own (``ood`` = the group). The per-example
+scores come back in the result's ``extra["scores"]`` (:class:`~jemeval.artifacts.OODScores`), which
+the caller may save (``save_npz``) so that anyone can recompute the metrics independently, or plot
 (:func:`jemeval.plots.ood.plot_ood_result`).
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
+    ScoreFn,
     check_input_shape,
     check_input_sigma,
     prepare_model,
@@ -38,12 +44,16 @@ from jemeval.evaluation.batching import (
     training_dataset,
 )
 from jemeval.evaluation.metrics import select_metrics
+from jemeval.evaluation.ood_fit import DetectorFitter, fit_sets
+from jemeval.evaluation.ood_sets import load_ood_sets
+from jemeval.evaluation.ood_tune import check_tune_set, tune_scores
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
-from jemeval.registry import parse_spec, split_specs
+from jemeval.registry import split_specs
 from jemeval.results import Result
 
-__all__ = ["DEFAULT_SCORES", "METRIC_NOTE", "OODScores", "compute_ood_scores", "evaluate_ood", "ood_records"]
+__all__ = ["DEFAULT_SCORES", "METRIC_NOTE", "OODScores", "compute_ood_scores", "evaluate_ood", "group_records",
+           "ood_records"]
 
 DEFAULT_SCORES = ("logpx", "maxprob", "gradnorm")
 METRIC_NOTE = (
@@ -51,34 +61,6 @@ METRIC_NOTE = (
     "scores; FPR95 is the fraction of OOD inputs accepted at the threshold keeping 95% of in-distribution "
     "inputs (lower is better). Scores: higher = more in-distribution."
 )
-
-
-def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
-    """(label, spec to load, extra options): a bare ``interp`` means interp of the ID dataset."""
-    spec = parse_spec(name)
-    if spec.name == "interp" and spec.variant is None and "base" not in spec.options:
-        # the base goes in as an option, so an ID spec with classes (digits[0-4]) stays whole
-        return f"interp:{id_name}", name, {"base": id_name}
-    return name, name, {}
-
-
-def load_ood_sets(model, ood: Sequence[str], id_name: str, id_size: int, *, split: str, n: int | None, seed: int,
-                  data_root, download: bool) -> list[tuple[str, Any]]:
-    """(label, dataset) for every OOD spec; synthetic sets take the model's input shape and, without
-    ``n``, as many examples as the ID set. The ID set itself or a set named twice is refused."""
-    loaded: list[tuple[str, Any]] = []
-    for name in ood:
-        label, spec, extra = expand_ood_name(name, id_name)
-        if label == id_name:
-            raise UsageError(f"OOD set {name!r} is the in-distribution set itself; choose another dataset")
-        if label in (lbl for lbl, _ in loaded):
-            raise UsageError(f"OOD set {label!r} is given twice")
-        ds = load_dataset(spec, split, data_root, download, input_shape=model.input_shape, n=id_size, seed=seed,
-                          **extra)
-        ds = subsample(ds, n, seed)
-        check_input_shape(model, ds, label)
-        loaded.append((label, ds))
-    return loaded
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma"})
@@ -97,8 +79,13 @@ def compute_ood_scores(
     data_root: str | Path | None = None,
     download: bool = False,
     progress: ProgressArg = None,
+    fit_on: str | None = None,
+    fit_n: int | None = None,
+    tune_on: str | None = None,
+    cache: bool = True,
 ) -> tuple[OODScores, dict[str, Any]]:
-    """Run the batch loop over the ID set and every OOD set; return the scores and the settings.
+    """Fit the detectors, then run the batch loop over the ID set and every OOD set; return the scores
+    and the settings.
 
     ``n`` draws a seeded random subset of each set; synthetic sets (uniform, constant, gaussian)
     take the model's input shape and default to as many examples as the ID set. The input noise
@@ -108,18 +95,22 @@ def compute_ood_scores(
     check_input_sigma(input_sigma)
     ood = split_specs(ood, "ood")  # "uniform" is one set, "uniform,interp" two, as on the command line
     if not ood:
-        raise UsageError("ood names no dataset; give e.g. 'uniform,interp'", param="ood")
+        raise UsageError("ood names no dataset; give e.g. 'uniform,interp' or 'near,far'", param="ood")
     score_fns = resolve_scores(split_specs(scores, "scores"))
     if not score_fns:
         raise UsageError("scores names no score; give e.g. 'logpx,maxprob'", param="scores")
     id_name = id or training_dataset(model, param="id")
     id_ds = subsample(load_dataset(id_name, split, data_root, download, input_shape=model.input_shape), n, seed)
     check_input_shape(model, id_ds, id_name)
-    sets = [(id_name, id_ds), *load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, seed=seed,
-                                              data_root=data_root, download=download)]
+    sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, seed=seed, data_root=data_root,
+                         download=download, num_classes=getattr(id_ds, "num_classes", None))
+    score_fns, fitting = fit_scores(
+        model, score_fns, id_name=id_name, test_sets=[label for label, _, _ in sets], fit_on=fit_on, fit_n=fit_n,
+        tune_on=tune_on, cache=cache, split=split, n=n, input_sigma=input_sigma, seed=seed, batch_size=batch_size,
+        data_root=data_root, download=download, progress=progress)
     per_set: dict[str, dict[str, np.ndarray]] = {}
     settings_per_set: dict[str, Any] = {}
-    for i, (label, ds) in enumerate(sets):
+    for i, (label, ds) in enumerate([(id_name, id_ds), *[(label, ds) for label, ds, _ in sets]]):
         out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=input_sigma, seed=seed + i,
                           batch_size=batch_size, progress=progress, desc=f"{'OOD' if i else 'ID'} {label}")
         per_set[label] = out.scores
@@ -129,8 +120,32 @@ def compute_ood_scores(
     settings = {
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
         "sigma": float(input_sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
+        "groups": {label: group for label, _, group in sets if group is not None}, **fitting,
     }
     return result, settings
+
+
+def fit_scores(model, score_fns: list[ScoreFn], *, id_name: str, test_sets: Sequence[str], fit_on: str | None,
+               fit_n: int | None, tune_on: str | None, cache: bool, split: str, n: int | None, input_sigma: float,
+               seed: int, batch_size: int, data_root, download: bool,
+               progress: ProgressArg) -> tuple[list[ScoreFn], dict[str, Any]]:
+    """Fit the detectors among ``score_fns`` (and first tune the scores with a grid on ``tune_on``):
+    the scores to evaluate and what was done (:mod:`jemeval.evaluation.ood_fit`, ``ood_tune``)."""
+    if tune_on is None and not any(s.detector for s in score_fns):
+        return score_fns, {}
+    if tune_on is not None:
+        check_tune_set(tune_on, id_name, test_sets)  # before any fitting
+    sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, seed=seed,
+                    data_root=data_root, download=download)
+    fitter = DetectorFitter(model, sets, batch_size=batch_size, progress=progress, cache=cache)
+    info: dict[str, Any] = {"fit_data": sets.info}
+    if tune_on is not None:
+        score_fns, info["tuning"] = tune_scores(
+            model, score_fns, fitter, tune_on=tune_on, id_name=id_name, test_sets=test_sets, split=split, n=n,
+            input_sigma=input_sigma, seed=seed, batch_size=batch_size, data_root=data_root, download=download,
+            progress=progress)
+    info["detectors"] = {s.label: {"options": s.options, **fitter.ensure(s)} for s in score_fns if s.detector}
+    return score_fns, info
 
 
 def bootstrap_interval(metric, id_scores: np.ndarray, ood_scores: np.ndarray, *, n_boot: int, level: float,
@@ -191,6 +206,39 @@ def ood_records(
     return records
 
 
+def group_records(records: list[dict[str, Any]], groups: dict[str, str]) -> list[dict[str, Any]]:
+    """``records`` with a ``group`` key after ``ood`` (None for sets outside the groups) and, after the
+    last set of each group for each score, the group's mean record: ``ood`` = the group, every metric
+    the mean over its sets, ``n_ood`` their total; no intervals (``_lo``/``_hi`` None)."""
+    if not groups:
+        return records
+    out: list[dict[str, Any]] = []
+    for i, record in enumerate(records):
+        keys = list(record)
+        at = keys.index("ood") + 1
+        out.append({k: record[k] for k in keys[:at]} | {"group": groups.get(record["ood"])}
+                   | {k: record[k] for k in keys[at:]})
+        group, later = groups.get(record["ood"]), records[i + 1:]
+        if group is not None and not any(r["score"] == record["score"] and groups.get(r["ood"]) == group
+                                         for r in later):
+            members = [r for r in out if r["score"] == record["score"] and r["group"] == group and r["ood"] != group]
+            out.append(_mean_record(members, group))
+    return out
+
+
+def _mean_record(members: list[dict[str, Any]], group: str) -> dict[str, Any]:
+    first = members[0]
+    mean: dict[str, Any] = {"score": first["score"], "id": first["id"], "ood": group, "group": group}
+    for key in list(first)[4:]:
+        if key == "n_ood":
+            mean[key] = int(sum(r[key] for r in members))
+        elif key == "n_id" or key.endswith(("_lo", "_hi")):
+            mean[key] = first[key] if key == "n_id" else None
+        else:
+            mean[key] = float(np.mean([r[key] for r in members]))
+    return mean
+
+
 @deprecated_keywords(renamed={"sigma": "input_sigma"},
                      outputs={"save_scores": "jemeval.artifacts:save_ood_scores",
                               "plot": "jemeval.plots.ood:plot_ood_result"})
@@ -212,18 +260,25 @@ def evaluate_ood(
     data_root: str | Path | None = None,
     download: bool = False,
     progress: ProgressArg = None,
+    fit_on: str | None = None,
+    fit_n: int | None = None,
+    tune_on: str | None = None,
+    cache: bool = True,
 ) -> Result:
     """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``
-    (a list of dataset specs, or one string: a spec or a comma list; ``scores`` and ``metrics``
-    likewise).
+    (a list of dataset specs or group names such as ``near``/``far``, or one string: a spec or a comma
+    list; ``scores`` and ``metrics`` likewise).
 
     The in-distribution set ``id`` defaults to the model's training dataset (``split`` split);
-    ``input_sigma`` is the std of the noise added to every input. Returns a
-    :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood, auroc,
-    aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics too), n_id, n_ood, and
-    ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples. ``extra["scores"]`` holds the
-    per-example scores (:class:`~jemeval.artifacts.OODScores`: ``save_npz``; figure:
-    :func:`jemeval.plots.ood.plot_ood_result`).
+    ``input_sigma`` is the std of the noise added to every input. Detectors are fitted on the train
+    split of ``fit_on`` (default: ``id``) less the images training held out, a seeded ``fit_n`` of
+    them if given, and cached (``cache=False``: neither read nor write the cache); ``tune_on`` names
+    the OOD validation set that picks the hyperparameters of every score with a grid. Returns a
+    :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood (and
+    ``group`` with groups), auroc, aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics
+    too), n_id, n_ood, ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples, plus one mean record
+    per group and score. ``extra["scores"]`` holds the per-example scores
+    (:class:`~jemeval.artifacts.OODScores`: ``save_npz``; figure: :func:`jemeval.plots.ood.plot_ood_result`).
     """
     model = prepare_model(model, device)
     metrics = None if metrics is None else split_specs(metrics, "metrics")
@@ -232,6 +287,7 @@ def evaluate_ood(
     ood_scores, settings = compute_ood_scores(
         model, ood, id=id, scores=scores, split=split, n=n, input_sigma=input_sigma, seed=seed,
         batch_size=batch_size, device=device, data_root=data_root, download=download, progress=progress,
+        fit_on=fit_on, fit_n=fit_n, tune_on=tune_on, cache=cache,
     )
     records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=seed,
                           progress=progress)
@@ -239,4 +295,15 @@ def evaluate_ood(
                                  and not k.endswith(("_lo", "_hi"))],
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
     prov = provenance(command="ood", model=model, device=model.device, seed=seed, settings=settings)
-    return Result(records, prov, extra={"scores": ood_scores}, notes=[METRIC_NOTE])
+    return Result(group_records(records, settings["groups"]), prov, extra={"scores": ood_scores},
+                  notes=[METRIC_NOTE, *tuning_notes(settings.get("tuning"))])
+
+
+def tuning_notes(tuning: dict[str, Any] | None) -> list[str]:
+    """One line saying what tuning chose (the full record is in the provenance settings)."""
+    if not tuning:
+        return []
+    chosen = "; ".join(f"{label} " + ", ".join(f"{k}={v}" for k, v in rec["chosen"].items())
+                       for label, rec in tuning["scores"].items())
+    return [f"Hyperparameters tuned on {tuning['tune_on']} (AUROC against held-out in-distribution images): "
+            f"{chosen or 'no score has a grid'}."]

@@ -24,13 +24,27 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @config_option
 @model_option
 @dataset_option("--ood", "ood", required=True,
-                help="Comma-separated OOD datasets: uniform, constant, gaussian, interp (= interp of the ID set), "
-                     "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...")
+                help="Comma-separated OOD datasets (uniform, constant, gaussian, interp = interp of the ID set, "
+                     "svhn, cifar100, celeba, digits[5-9], npz:FILE, ...) and groups: near, far (per ID set: "
+                     "digits, cifar10, cifar100; each set gets its own row, each group a mean row).")
 @dataset_option("--id", "id", default=None,
                 help="In-distribution dataset. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of the ID and OOD datasets.")
 @click.option("--score", "scores", default="logpx,maxprob,gradnorm", show_default=True,
-              help="Comma-separated scores, with options as 'energy:T=2'. See 'jemeval list scores'.")
+              help="Comma-separated scores and detectors, with options as 'energy:T=2', 'knn:k=50': logpx, maxprob, "
+                   "gradnorm, energy, entropy, odin, mahalanobis, knn, vim, react, dice, ash, ... "
+                   "See 'jemeval list scores'.")
+@dataset_option("--tune-on", "tune_on", default=None,
+                help="OOD validation set (never a test set) on which to pick the hyperparameters of every score "
+                     "with a grid (odin T/eps, knn k, react percentile, ...), by AUROC; the choice is recorded.")
+@dataset_option("--fit-on", "fit_on", default=None,
+                help="Dataset whose train split the detectors are fitted on. Default: the ID set (less the images "
+                     "training held out).")
+@click.option("--fit-n", "fit_n", type=click.IntRange(min=1), default=None,
+              help="Fit detectors on a seeded random subset of N training images (default: all).")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Refit detectors instead of reading (or writing) the cache of fitted states "
+                   "($JEMEVAL_CACHE_DIR/detectors, default ~/.cache/jemeval/detectors).")
 @click.option("--metric", "metrics", default=None,
               help="Comma-separated OOD metrics to report, plugin metrics included (see 'jemeval list metrics'). "
                    "Default: the built-ins auroc,aupr_in,aupr_out,fpr95.")
@@ -50,8 +64,8 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @device_option
 @data_options
 @output_options
-def cli(model_path, ood, id, split, scores, metrics, n, input_sigma, bootstrap, level, batch_size, save_scores, plot,
-        seed, device, data_root, download, **output):
+def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, no_cache, metrics, n, input_sigma, bootstrap, level,
+        batch_size, save_scores, plot, seed, device, data_root, download, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
     \b
@@ -60,8 +74,13 @@ def cli(model_path, ood, id, split, scores, metrics, n, input_sigma, bootstrap, 
     of in-distribution inputs (lower is better). Scores: higher = more in-distribution.
 
     \b
-    Example:
+    Detectors (mahalanobis, knn, vim, react, dice) are fitted on the model's training images once and
+    cached, so a second run does not refit.
+
+    \b
+    Examples:
       jemeval ood --model runs/digits/best.pt --ood uniform,constant,interp,gaussian --plot ood.png
+      jemeval ood --model runs/digits/best.pt --ood near,far --score logpx,maxprob,energy,knn,vim,odin
     """
     from jemeval.artifacts import save_ood_scores
     from jemeval.evaluation.ood import evaluate_ood
@@ -71,7 +90,8 @@ def cli(model_path, ood, id, split, scores, metrics, n, input_sigma, bootstrap, 
         model_path, split_list(ood, "--ood"), id=id, split=split, scores=split_list(scores, "--score"),
         metrics=split_list(metrics, "--metric") if metrics else None, n=n, input_sigma=input_sigma, seed=seed,
         bootstrap=bootstrap, level=level, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download, progress=progress(),
+        data_root=data_root, download=download, progress=progress(), tune_on=tune_on, fit_on=fit_on, fit_n=fit_n,
+        cache=not no_cache,
     )
     write_files(result, (save_scores, save_ood_scores), (plot, plot_ood_result))
     emit(result, columns=COLUMNS, **output)

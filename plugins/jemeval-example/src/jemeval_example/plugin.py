@@ -6,7 +6,8 @@ jemeval finds this module through the entry point in pyproject.toml::
     example = "jemeval_example.plugin"
 
 Each ``register_<kind>s`` hook receives ``register(name, obj, *, help=None)``; objects are factories
-or callables that jemeval calls only when the component is used. ``register_commands`` receives the
+or callables that jemeval calls only when the component is used (a detector is a class with ``fit``
+and ``score``: jemeval makes one instance per use). ``register_commands`` receives the
 click group of the ``jemeval`` command line.
 
 jemeval imports this module to list its commands (``jemeval --help``), so it imports only light
@@ -54,6 +55,39 @@ def example_l2(model, x):
 
     with torch.no_grad():
         return -model.logits(x).norm(dim=1)
+
+
+# -- a detector: a score with a fit stage; fit(model, dataset) once, then score(model, x) ---------
+class ExampleCentroid:
+    """Cosine similarity of the penultimate features to their mean over the training images."""
+
+    def __init__(self):
+        self.center = None
+
+    def fit(self, model, dataset, *, batch_size: int = 256):
+        import torch
+        from torch.utils.data import DataLoader
+
+        features = []
+        with torch.no_grad():
+            for x, _ in DataLoader(dataset, batch_size=int(batch_size)):
+                features.append(model.features(x.to(model.device)))
+        self.center = torch.cat(features).mean(dim=0)
+        return self
+
+    def score(self, model, x):
+        import torch
+
+        with torch.no_grad():
+            features = model.features(x)
+        return torch.nn.functional.cosine_similarity(features, self.center.to(features.device)[None], dim=1)
+
+    # optional: jemeval caches the fitted state on disk, so a second run does not fit again
+    def state_dict(self):
+        return {"center": self.center}
+
+    def load_state_dict(self, state):
+        self.center = state["center"]
 
 
 # -- a metric: marked with its task; OOD metrics take (id_scores, ood_scores) -------------------
@@ -119,6 +153,7 @@ def register_datasets(register):
 @jemeval.hookimpl
 def register_scores(register):
     register("example-l2", example_l2)
+    register("example-centroid", ExampleCentroid)
 
 
 @jemeval.hookimpl

@@ -145,8 +145,9 @@ class IGEBM(nn.Module):
         nn.init.xavier_uniform_(self.energy_head.weight)
         nn.init.zeros_(self.energy_head.bias)
 
-    def energy(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """E(x, y): (N,) for labels ``y`` (N,), or (N x K) for every class when ``y`` is None."""
+    def pooled(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's input, summed over positions: (N x D) for labels ``y``, (N*K x D) for every class
+        (image-major) when ``y`` is None."""
         if self.unit_input:
             x = (x + 1) / 2
         h = F.leaky_relu(self.stem(x), LEAK)
@@ -159,11 +160,34 @@ class IGEBM(nn.Module):
         for block in self.blocks:
             h = block(h, labels)
         h = F.relu(h) if self.head == "relu" else F.leaky_relu(h, LEAK)
-        e = self.energy_head(h.sum(dim=(2, 3))).squeeze(1)
-        return e.view(n, self.num_classes) if y is None else e
+        return h.sum(dim=(2, 3))
+
+    def energy(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """E(x, y): (N,) for labels ``y`` (N,), or (N x K) for every class when ``y`` is None."""
+        e = self.energy_head(self.pooled(x, y)).squeeze(1)
+        return e.view(x.shape[0], self.num_classes) if y is None else e
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return -self.energy(x)
+
+    # timm's feature protocol (EnergyModel.features): the features of a class-conditional energy are each
+    # class's pooled head input, concatenated (N x K*D); the head is linear in them, block by block.
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pooled(x).reshape(x.shape[0], -1)
+
+    def forward_head(self, h: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if pre_logits:
+            return h
+        return -self.energy_head(h.reshape(h.shape[0], self.num_classes, -1)).squeeze(-1)
+
+    def get_classifier(self) -> nn.Module:
+        """A linear layer (a copy, K x K*D, block-diagonal) with ``get_classifier()(features) == forward(x)``."""
+        w, b = self.energy_head.weight.detach(), self.energy_head.bias.detach()
+        head = nn.Linear(w.shape[1] * self.num_classes, self.num_classes).to(w.device, w.dtype)
+        with torch.no_grad():
+            head.weight.copy_(-torch.block_diag(*[w] * self.num_classes))
+            head.bias.fill_(-float(b[0]))
+        return head.requires_grad_(False)
 
     def class_logits(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """-E(x, y) for the given labels only (N,): what ``EnergyModel.log_pxy`` and class-conditional

@@ -1,0 +1,157 @@
+"""Fitting OOD detectors: the images they fit on, one shared pass over them, the on-disk cache.
+
+A detector (:mod:`jemeval.components`) is fitted once per (model, detector, options, fit data):
+
+* **Fit data**: the in-distribution training images, the ``train`` split of the ID dataset (or of
+  ``fit_on``) minus the validation images ``jemeval train`` held out when the checkpoint records
+  them (``val_size``/``split_seed``); those held-out images are the in-distribution half of the
+  tuning data (:mod:`jemeval.evaluation.ood_tune`). Without such a record and with tuning, a seeded
+  10% (at most 5000) of the train split is held out instead. The test split is never fitted on.
+* **One pass**: detectors with ``fit_features`` share one forward pass over the fit data (features,
+  logits and labels, :func:`jemeval.evaluation.batching.run_batches`); the others get the dataset.
+* **Cache**: a fitted ``state_dict()`` is stored by :mod:`jemeval.caches.detectors` (which owns the
+  files: atomic writes, ``weights_only=True`` reads), keyed by the SHA-256 of the model's weights and
+  architecture, the detector (name, plugin and its version), its options and a fingerprint of the
+  fit data (the images themselves for in-memory sets), so a second run does not refit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset
+
+from jemeval import __version__
+from jemeval.caches.detectors import CACHE_FORMAT, cache_path, load_state, save_state
+from jemeval.data import ArrayDataset, ClassSubset, default_val_size, load_dataset, split_indices, subsample, take
+from jemeval.errors import UsageError
+from jemeval.evaluation.batching import ScoreFn, run_batches
+from jemeval.evaluation.calibration import held_out_indices
+from jemeval.plugins import get_plugin_manager, get_registry
+from jemeval.progress import ProgressArg
+
+
+@dataclass
+class FitSets:
+    """The images detectors fit on, the in-distribution tuning images (held out from them), and what
+    both are (for provenance)."""
+
+    fit: Dataset
+    tune_id: Dataset | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def fit_sets(model, id_name: str, *, fit_on: str | None = None, fit_n: int | None = None, tune: bool = False,
+             seed: int = 0, data_root=None, download: bool = False) -> FitSets:
+    """The fit and tuning images of ``model`` (see the module docstring)."""
+    spec = fit_on or id_name
+    train = load_dataset(spec, "train", data_root, download, input_shape=model.input_shape)
+    held = held_out_indices(model, spec, len(train))
+    info: dict[str, Any] = {"data": spec, "split": "train"}
+    if held is None and tune:
+        held = split_indices(len(train), max(1, default_val_size(len(train))), seed)[1]
+        info["held_out"] = f"seeded random {len(held)} of the train split (seed {seed}), for tuning"
+    elif held is not None:
+        info["held_out"] = f"the {len(held)} train images jemeval train held out (checkpoint val_size / split_seed)"
+    fit = train if held is None else take(train, np.setdiff1d(np.arange(len(train)), held))
+    fit = subsample(fit, fit_n, seed, name="fit_n")
+    info["n"] = len(fit)
+    return FitSets(fit, None if held is None else take(train, held), info)
+
+
+# -- fingerprints ---------------------------------------------------------------------------------
+def _hash_tensor(h, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def model_fingerprint(model) -> str:
+    """SHA-256 of what the model computes: architecture, options, normalisation and every weight."""
+    h = hashlib.sha256(json.dumps([getattr(model, a, None) for a in ("arch", "arch_options", "normalization",
+                                                                      "num_classes", "input_shape")],
+                                  sort_keys=True, default=str).encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()
+
+
+def dataset_fingerprint(ds: Dataset) -> str:
+    """SHA-256 naming a dataset's images: its spec, size and info, the images of an in-memory set, the
+    indices of a subset, the size and time of a file it reads."""
+    h = hashlib.sha256(json.dumps([getattr(ds, "spec", None), len(ds), getattr(ds, "info", None)], sort_keys=True,
+                                  default=str).encode())
+    if isinstance(ds, ArrayDataset):
+        _hash_tensor(h, ds.x)
+        _hash_tensor(h, ds.y)
+    elif isinstance(ds, (Subset, ClassSubset)):
+        h.update(np.asarray(ds.indices, dtype=np.int64).tobytes())
+        h.update(dataset_fingerprint(ds.dataset if isinstance(ds, Subset) else ds.base).encode())
+    path = (getattr(ds, "info", None) or {}).get("path")
+    if path and Path(path).exists():
+        st = Path(path).stat()
+        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+# -- fitting ------------------------------------------------------------------------------------
+class DetectorFitter:
+    """Fits detectors on one :class:`FitSets`: cached states first, then one shared pass for the rest."""
+
+    def __init__(self, model, sets: FitSets, *, batch_size: int, progress: ProgressArg = None, cache: bool = True):
+        self.model, self.sets, self.batch_size, self.progress, self.cache = model, sets, batch_size, progress, cache
+        self._outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._fingerprints: tuple[str, str] | None = None
+        self._done: dict[int, dict[str, Any]] = {}  # id(detector) -> what fit() did
+
+    def ensure(self, score: ScoreFn) -> dict[str, Any]:
+        """:meth:`fit`, unless this fitter already fitted this very detector (a tuned candidate)."""
+        return self._done[id(score.fn)] if id(score.fn) in self._done else self.fit(score)
+
+    def fit(self, score: ScoreFn) -> dict[str, Any]:
+        """Fit ``score``'s detector in place (from the cache when it holds it); what was done, for provenance."""
+        self._done[id(score.fn)] = report = self._fit(score)
+        return report
+
+    def _fit(self, score: ScoreFn) -> dict[str, Any]:
+        key = self._key(score)
+        path = cache_path(score.name, key)
+        if self.cache and load_state(score.fn, path, key, score.label):
+            return {"fit": "cached", "cache": str(path)}
+        labels_needed = getattr(score.fn, "needs_labels", False)
+        if callable(getattr(score.fn, "fit_features", None)):
+            features, logits, labels = self._shared_outputs()
+            if labels_needed and not bool((labels >= 0).any()):
+                raise UsageError(f"score {score.label!r} needs labelled fit data; {self.sets.info['data']!r} has no "
+                                 "labels: choose labelled in-distribution data with fit_on", param="fit_on")
+            score.fn.fit_features(self.model, features, logits, labels, **score.options)
+        else:
+            score.fn.fit(self.model, self.sets.fit, **score.options)
+        saved = self.cache and save_state(score.fn, path, key, score.label)
+        return {"fit": "fitted", "cache": str(path) if saved else None}
+
+    def _shared_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._outputs is None:
+            out = run_batches(self.model, self.sets.fit, keep_logits=True, keep_features=True,
+                              batch_size=self.batch_size, progress=self.progress,
+                              desc=f"fit {self.sets.info['data']} train")
+            self._outputs = (torch.from_numpy(out.features), torch.from_numpy(out.logits),
+                             torch.from_numpy(out.labels))
+        return self._outputs
+
+    def _key(self, score: ScoreFn) -> str:
+        if self._fingerprints is None:
+            self._fingerprints = (model_fingerprint(self.model), dataset_fingerprint(self.sets.fit))
+        component = get_registry().component("score", score.name)
+        versions = get_plugin_manager().versions()
+        return json.dumps({"format": CACHE_FORMAT, "detector": score.name, "plugin": component.plugin,
+                           "version": versions.get(component.plugin) or __version__, "jemeval": __version__,
+                           "class": f"{type(score.fn).__module__}.{type(score.fn).__qualname__}",
+                           "options": score.options, "model": self._fingerprints[0],
+                           "fit_data": self._fingerprints[1]}, sort_keys=True, default=str)
