@@ -36,6 +36,7 @@ from jemeval.evaluation.metrics import nll as nll_metric
 from jemeval.progress import ProgressArg
 from jemeval.provenance import provenance
 from jemeval.results import Result
+from jemeval.runtime.shards import batch_seed
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma", "step_size": "sgld_step_size", "noise": "sgld_noise"})
@@ -80,6 +81,7 @@ def evaluate(
         classifier, settings = _classifier(model, k, chains=chains, chain_sigma=chain_sigma, step_size=sgld_step_size,
                                            noise=sgld_noise, seed=seed)
         out = run_batches(classifier, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
+                          before_batch=_chain_streams(classifier, seed),
                           desc=f"eval {data}" + (f" (K={k})" if k else ""))
         records.append({"data": data, "split": split, "refine_steps": k, **accuracy_and_nll(out, data),
                         "sigma": float(input_sigma)})
@@ -115,7 +117,17 @@ def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size
     device = model.device
     generator = torch.Generator(device=device).manual_seed(int(seed) + 1)
     refined = RefinedClassifier(model, steps, chains=chains, sigma=chain_sigma, sgld=sgld, generator=generator)
-    return refined, {**refined.settings(), "generator_seed": int(seed) + 1}
+    return refined, {**refined.settings(), "generator_seed": int(seed) + 1,
+                     "generator_streams": "per batch b: batch_seed(generator_seed, b), generator_seed for batch 0"}
+
+
+def _chain_streams(classifier, seed: int):
+    """Batch b's refinement chains draw from their own stream (seed + 1 for batch 0), so any number
+    of processes gives the same chains (:mod:`jemeval.runtime.shards`); None for K = 0."""
+    generator = getattr(classifier, "generator", None)
+    if generator is None:
+        return None
+    return lambda b: generator.manual_seed(batch_seed(int(seed) + 1, b))
 
 
 def accuracy_on_arrays(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = DEFAULT_BATCH_SIZE,

@@ -33,6 +33,7 @@ from jemeval.plugins import get_registry
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.registry import check_options, parse_spec
 from jemeval.runtime.devices import resolve_device
+from jemeval.runtime.shards import map_items, my_share
 from jemeval.sampling.sgld import frozen
 
 DEFAULT_BATCH_SIZE = 256
@@ -160,49 +161,67 @@ def run_batches(
     device: str | torch.device | None = None,
     progress: ProgressArg = None,
     desc: str | None = None,
+    before_batch: Callable[[int], Any] | None = None,
 ) -> BatchOutputs:
     """One pass over ``dataset``: logits (and features) once per batch, every score from that batch.
 
     ``sigma`` > 0 adds N(0, sigma^2) noise to every input (the evaluation input noise; the JEM
-    release used 0.03) from a generator seeded with ``seed`` on the model's device, before the
-    logits and all scores are computed. When a score reads features (a fitted detector's
-    ``score_features``) or ``keep_features`` is set, the forward pass gives the penultimate features
-    too (:meth:`jemeval.energy.model.EnergyModel.features_and_logits`): still one pass per batch.
+    release used 0.03) from a generator seeded with ``seed`` on the model's device, in dataset
+    order, before the logits and all scores are computed. Under torchrun the batches are shared out
+    over the processes and gathered (:func:`jemeval.runtime.shards.map_items`): the outputs of one
+    process, noise included. When a score reads
+    features (a fitted detector's ``score_features``) or ``keep_features`` is set, the forward pass
+    gives the penultimate features too (:meth:`jemeval.energy.model.EnergyModel.features_and_logits`):
+    still one pass per batch.
     The network runs in eval mode with frozen parameters; gradient scores still get input gradients
     (they enable grad themselves). ``progress``: see :mod:`jemeval.progress` (one unit per image).
+    ``before_batch(b)`` runs before batch b is computed, e.g. to seed a stochastic model's stream
+    for that batch (:func:`jemeval.runtime.shards.batch_seed`).
     """
     check_input_sigma(sigma, "sigma")
     check_min("batch_size", batch_size, 1)
     device = torch.device(device) if device is not None else _model_device(model)
-    generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
     # a forward pass only when something reads its outputs (gradient scores do their own)
     need_features = keep_features or any(s.from_features is not None for s in scores)
     need_logits = keep_logits or need_features or any(s.from_logits is not None for s in scores)
-    parts: dict[str, list[torch.Tensor]] = {"logits": [], "features": [], "labels": [], **{s.label: [] for s in scores}}
-    with progress_bar(progress, len(dataset), desc or "", unit="img") as bar, frozen(model, train=False):
+
+    generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
+
+    def noisy_batches():
+        """The batches with their input noise, drawn for every batch in order on every rank (the
+        draws of the batches another rank runs are cheap, and keep one process's noise exactly)."""
         for x, y in iterate_batches(dataset, batch_size, device):
             x = x.float()
             if generator is not None:
                 x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
-            features, logits = _forward(model, x, need_logits, need_features)
-            for s in scores:
-                parts[s.label].append(_check_score(s.label, s.on_batch(model, x, logits, features), x.shape[0]))
-            if keep_logits:
-                parts["logits"].append(logits)
-            if keep_features:
-                parts["features"].append(features)
-            parts["labels"].append(y.long())
-            bar.update(x.shape[0])
+            yield x, y
+
+    def one(b: int, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        x, y = batch
+        if before_batch is not None:
+            before_batch(b)
+        features, logits = _forward(model, x, need_logits, need_features)
+        out = {s.label: _check_score(s.label, s.on_batch(model, x, logits, features), x.shape[0]) for s in scores}
+        out.update({"logits": logits if keep_logits else None, "features": features if keep_features else None,
+                    "labels": y.long()})
+        bar.update(x.shape[0])
+        return {k: v.detach().cpu() for k, v in out.items() if v is not None}
+
+    total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)
+    with progress_bar(progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
+        done = map_items(one, noisy_batches())
+    parts = {k: [d[k] for d in done] for k in ("logits", "features", "labels", *(s.label for s in scores))
+             if not done or k in done[0]}
     if not parts["labels"]:
         raise UsageError(f"dataset {getattr(dataset, 'spec', None) or ''} has no examples; choose a non-empty "
                          "dataset or class subset")
     out_scores = {s.label: _finite_scores(s.label, torch.cat(parts[s.label]), dataset) for s in scores}
     return BatchOutputs(
-        logits=torch.cat(parts["logits"]).cpu().numpy() if keep_logits else None,
-        labels=torch.cat(parts["labels"]).cpu().numpy(),
+        logits=torch.cat(parts["logits"]).numpy() if keep_logits else None,
+        labels=torch.cat(parts["labels"]).numpy(),
         scores=out_scores,
         settings={"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)},
-        features=torch.cat(parts["features"]).cpu().numpy() if keep_features else None,
+        features=torch.cat(parts["features"]).numpy() if keep_features else None,
     )
 
 

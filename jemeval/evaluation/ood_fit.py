@@ -34,6 +34,7 @@ from jemeval.evaluation.batching import ScoreFn, run_batches
 from jemeval.evaluation.calibration import held_out_indices
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.progress import ProgressArg
+from jemeval.runtime.shards import rank_and_world
 
 
 @dataclass
@@ -133,7 +134,8 @@ class DetectorFitter:
             score.fn.fit_features(self.model, features, logits, labels, **score.options)
         else:
             score.fn.fit(self.model, self.sets.fit, **score.options)
-        saved = self.cache and save_state(score.fn, path, key, score.label)
+        main = rank_and_world()[0] == 0  # under --nproc rank 0 alone writes the cache
+        saved = self.cache and main and save_state(score.fn, path, key, score.label)
         return {"fit": "fitted", "cache": str(path) if saved else None}
 
     def _shared_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from jemeval.cli.options import (
     data_options,
     device_option,
     model_option,
+    nproc_option,
     resolve_device,
     seed_option,
     sigma_option,
@@ -64,6 +65,7 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @device_option
 @data_options
 @output_options
+@nproc_option
 def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, no_cache, metrics, n, input_sigma, bootstrap, level,
         batch_size, save_scores, plot, seed, device, data_root, download, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
