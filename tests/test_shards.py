@@ -198,3 +198,30 @@ def test_robust_nproc_2_gives_the_records_of_one_process(tmp_path, digits_jem_ck
     one, two = same_records(command, tmp_path, transform=_without_seconds)
     assert [r["refine_steps"] for r in one["records"]] == [0, 0, 1, 1] and one["records"][0]["n"] == 7
 
+
+@pytest.mark.slow
+def test_ood_nproc_2_gives_the_records_of_one_process(tmp_path, digits_classifier_ckpt):
+    # input noise (--sigma) on every batch, a gradient score, a fitted detector, bootstrap intervals
+    command = ["ood", "--model", str(digits_classifier_ckpt), "--ood", "uniform,gaussian", "--n", "20",
+               "--batch-size", "6", "--sigma", "0.03", "--score", "logpx,gradnorm,knn", "--fit-n", "40",
+               "--no-cache", "--bootstrap", "20", "--device", "cpu", "--seed", "5", "--save-scores", "scores.npz"]
+    one, _ = same_records(command, tmp_path)
+    assert {r["score"] for r in one["records"]} == {"logpx", "gradnorm", "knn"}
+    a, b = (np.load(tmp_path / f"n{n}" / "scores.npz") for n in (1, 2))
+    assert sorted(a.files) == sorted(b.files) and all((a[k] == b[k]).all() for k in a.files if k != "provenance")
+
+
+@pytest.mark.slow
+def test_report_nproc_2_gives_the_report_of_one_process(tmp_path, digits_jem_ckpt):
+    # accuracy with refinement (chains per batch), OOD with input noise, samples; rank 0 alone writes
+    command = ["report", "--model", str(digits_jem_ckpt), "--name", "JEM", "--sections", "accuracy,ood,samples",
+               "--n", "20", "--refine-steps", "0,1", "--ood", "uniform", "--sigma", "0.03", "--set", "samples.n=1",
+               "--set", "samples.steps=2", "--set", "samples.classes=all", "--set", "samples.batch_size=3",
+               "--set", "accuracy.batch_size=8", "--set", "ood.batch_size=8", "--device", "cpu", "--seed", "2"]
+    reports = {}
+    for n in (1, 2):
+        res = jemeval(*command, "--out", f"r{n}", "--nproc", str(n), cwd=tmp_path)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        reports[n] = comparable(tmp_path / f"r{n}" / "report.json")
+    assert reports[2]["records"] == reports[1]["records"] and len(reports[1]["records"]) > 4
+    assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == sorted(p.name for p in (tmp_path / "r1").iterdir())
