@@ -18,6 +18,7 @@ Outside ``torchrun`` (or with one process) everything here is the single-process
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -61,6 +62,11 @@ def my_batches(n_batches: int) -> range:
     """The batch indices this rank runs: b with b mod N == rank (every batch, in one process)."""
     rank, world = rank_and_world()
     return range(rank, n_batches, world)
+
+
+def my_share(n: int, batch_size: int) -> int:
+    """How many of ``n`` examples (in batches of ``batch_size``) this rank runs: its progress total."""
+    return sum(min(batch_size, n - b * batch_size) for b in my_batches(math.ceil(n / batch_size)))
 
 
 def batch_seed(seed: int, index: int) -> int:
