@@ -203,7 +203,7 @@ def test_robust_nproc_2_gives_the_records_of_one_process(tmp_path, digits_jem_ck
 def test_ood_nproc_2_gives_the_records_of_one_process(tmp_path, digits_classifier_ckpt):
     # input noise (--sigma) on every batch, a gradient score, a fitted detector, bootstrap intervals
     command = ["ood", "--model", str(digits_classifier_ckpt), "--ood", "uniform,gaussian", "--n", "20",
-               "--batch-size", "6", "--sigma", "0.03", "--score", "logpx,gradnorm,knn", "--fit-n", "40",
+               "--batch-size", "6", "--sigma", "0.03", "--score", "logpx,gradnorm,knn", "--fit-n", "80",
                "--no-cache", "--bootstrap", "20", "--device", "cpu", "--seed", "5", "--save-scores", "scores.npz"]
     one, _ = same_records(command, tmp_path)
     assert {r["score"] for r in one["records"]} == {"logpx", "gradnorm", "knn"}

@@ -206,8 +206,9 @@ def report(
     if config is not None:
         prov["config"] = dict(config)
     if not main:
-        return ReportResult([], prov, paths={"dir": folder, "markdown": folder / "report.md",
-                                             "html": folder / "report.html", "json": folder / "report.json"})
+        return ReportResult([], prov, extra={"runs": [], "errors": []},  # rank 0's report has everything
+                            paths={"dir": folder, "markdown": folder / "report.md", "html": folder / "report.html",
+                                   "json": folder / "report.json"})
     return write_report(folder, infos, plan, entries, prov, preset=preset)
 
 
