@@ -233,6 +233,8 @@ CLI_CASES = [
     ("train-nproc-above-cores", "train digits --out run --nproc 64 --device cpu", "--nproc 64"),
     ("sample-nproc-above-cores", "sample --model m.pt --nproc 64 --device cpu", "--nproc 64 is more than the"),
     ("sample-nproc-zero", "sample --model m.pt --nproc 0 --device cpu", CLICK),
+    ("ood-nproc-above-cores", "ood --model m.pt --ood uniform --nproc 64 --device cpu", "--nproc 64 is more than"),
+    ("robust-nproc-above-cores", "robust --model m.pt --norm l2 --nproc 64 --device cpu", "--nproc 64 is more than"),
     ("train-nan-images", "train npz:nan.npz --out run", "NaN or inf"),
     ("train-fractional-labels", "train npz:frac.npz --out run", "whole numbers"),
     # items 8-10: nothing silent, nothing executed

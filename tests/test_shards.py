@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from click.testing import CliRunner
 
+from jemeval.cli import cli
 from jemeval.cli.options import without_nproc
 from jemeval.errors import JemevalError, UsageError
 from jemeval.runtime import distributed as D
@@ -132,6 +134,16 @@ def _env() -> dict:
 
 
 def jemeval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``jemeval ARGS`` run in ``cwd``: in this process for ``--nproc 1`` (the reference: no launch,
+    no process group), else as a subprocess (``--nproc 2`` re-launches itself through torchrun)."""
+    if "--nproc" in args and args[args.index("--nproc") + 1] == "1":
+        before = Path.cwd()
+        os.chdir(cwd)
+        try:
+            res = CliRunner().invoke(cli, list(args))
+        finally:
+            os.chdir(before)
+        return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
     return subprocess.run([sys.executable, "-m", "jemeval", *args], check=False, capture_output=True, text=True,
                           env=_env(), timeout=240, cwd=cwd)
 
