@@ -245,6 +245,9 @@ def evaluation_commands(model: Path, size: dict, device: torch.device, tmp: Path
     args = ["report", "--model", model, "--preset", "quick", "--out", tmp / "report", "--device", device]
     if "--n " in report_help or "--n," in report_help:
         args += ["--n", n]
+    if "--set " in report_help:  # the preset's sample grid and attack at this check's sizes
+        args += ["--set", f"samples.steps={size['steps']}", "--set", "robust.steps=2"]
+        args += ["--set", "samples.n=1"] if size["smoke"] else []
     run_command("report", jemeval_command(*args), failures)
 
 
