@@ -30,7 +30,7 @@ from jemeval.cli.options import data_options, parse_ints
 @click.argument("dataset")
 @click.option("--recipe", help="A named set of defaults laid over the dataset's: paper (the dataset's own: the paper's "
               "settings for cifar/svhn, the laptop recipe for digits) or fast (digits only: the proximal sampler, 5 "
-              "steps, no noise: the same accuracy sooner, a lower AUROC on interpolated digits; docs/training.md, "
+              "steps, no noise: ~half the time, somewhat lower accuracy and log p(x) AUROC; docs/training.md, "
               "Recipes); options you give still win [default: paper].")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
                              "[default: per dataset].")
@@ -107,7 +107,7 @@ def cli(ctx, dataset, as_json, no_progress, compile_, decay_epochs, nproc, **par
     Divergence is detected and recovered from automatically (rollback, reseed, lower lr, more SGLD
     steps, energy L2), every recovery logged. Examples:
       jemeval train digits                          # ~30 s on a 2-core CPU
-      jemeval train digits --recipe fast            # proximal sampler: faster (docs/training.md, Recipes)
+      jemeval train digits --recipe fast            # ~half the time, lower numbers (docs/training.md)
       jemeval train digits --px-weight 0 --out runs/digits-baseline
       jemeval train cifar10 --download              # the paper's settings (WRN-28-10, GPU)
       jemeval train digits --arch igebm --objective factored
