@@ -49,6 +49,8 @@ def test_cli_trains_and_prints_json(tmp_path):
     (["digits", "--px-weight", "0", "--pyx-weight", "0"],
      "every loss weight is 0: set --pyx-weight, --px-weight or --pxy-weight above 0"),
     (["digits", "--short-run", "--px-weight", "0"], "--short-run needs sampling"),
+    (["digits", "--recipe", "fats"], "unknown --recipe 'fats' (did you mean 'fast'?); choose paper or fast"),
+    (["cifar10", "--recipe", "fast"], "--recipe 'fast' is defined for digits only"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, words):
     result = invoke(*args)

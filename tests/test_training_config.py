@@ -74,3 +74,38 @@ def test_resume_from_a_file_without_training_state_is_one_line(tmp_path):
     with pytest.raises(UsageError, match="no .* to continue") as exc:
         train("digits[0-2]", resume=True, out=str(tmp_path / "none"))
     assert exc.value.param == "out"
+
+
+def test_a_recipe_is_a_set_of_defaults_that_explicit_settings_override():
+    from jemeval.training.recipes import FAST_DIGITS
+
+    fast = resolve_config("digits", recipe="fast")
+    assert fast.recipe == "fast" and fast.to_dict()["recipe"] == "fast"
+    assert {k: getattr(fast, k) for k in FAST_DIGITS} == FAST_DIGITS
+    assert fast.sgld().settings()["sampler"] == "proximal-sgld"
+    paper = resolve_config("digits")
+    assert paper.recipe == "paper" and paper.sampler == "sgld" and paper == resolve_config("digits", recipe="paper")
+    assert fast.arch == paper.arch and fast.batch_size == paper.batch_size  # only the recipe's keys change
+    assert resolve_config("digits[0-4]", recipe="fast").sampler == "proximal"  # by the dataset's base name
+    mixed = resolve_config("digits", recipe="fast", sgld_steps=7, sampler="sgld")  # what the user sets wins
+    assert (mixed.sgld_steps, mixed.sampler) == (7, "sgld") and mixed.epochs == fast.epochs
+
+
+@pytest.mark.parametrize("dataset, recipe, words", [
+    ("digits", "fats", ["unknown recipe 'fats'", "did you mean 'fast'"]),
+    ("cifar10", "fast", ["recipe 'fast' is defined for digits only", "not 'cifar10'"]),
+])
+def test_an_undefined_recipe_is_a_one_line_error(dataset, recipe, words):
+    with pytest.raises(UsageError) as exc:
+        resolve_config(dataset, recipe=recipe)
+    assert exc.value.param == "recipe" and "\n" not in str(exc.value)
+    assert all(w in str(exc.value) for w in words)
+
+
+def test_a_resume_keeps_the_recipe_and_older_configs_have_the_paper_one():
+    stored = resolve_config("digits", recipe="fast", epochs=2).to_dict()
+    assert resume_config(stored, epochs=4).recipe == "fast"
+    with pytest.raises(UsageError, match="recipe='paper' \\(run has 'fast'\\)"):
+        resume_config(stored, recipe="paper")
+    older = {k: v for k, v in stored.items() if k != "recipe"}
+    assert TrainConfig.from_dict(older).recipe == "paper"

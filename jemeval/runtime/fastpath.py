@@ -14,10 +14,13 @@ passes), so speed comes from making each pass cheaper and from not doing passes 
   ``state_dict`` keys use the eager module, so compiled and eager runs write identical files.
 * ``pin_memory``: page-locked host batches copied with ``non_blocking=True``.
 
-:meth:`FastPath.for_device` turns everything on for CUDA and only channels_last on for CPU (each
-switch can be overridden): on CPU, bf16 is fast only on CPUs with AVX512-BF16/AMX and changes results slightly,
-and ``torch.compile`` costs tens of seconds to start and was *slower* than eager for WRN on CPU
-(see benchmarks/README.md). Nothing here synchronises the host with the device.
+:meth:`FastPath.for_device` turns bf16, channels_last and pinned memory on for CUDA and only
+channels_last on for CPU (each switch can be overridden). ``compile`` is off by default everywhere:
+on an H100 at the paper's settings it gave nothing in steady state (the SGLD step is bound by cuDNN's
+convolution kernels) and cost ~20 s of warm-up per run, and on CPU it was *slower* than eager for WRN
+(docs/performance.md, benchmarks/README.md). On CPU, bf16 is fast only on CPUs with AVX512-BF16/AMX
+(and catastrophically slow for small convolutions in some builds) and changes results slightly.
+Nothing here synchronises the host with the device.
 """
 from __future__ import annotations
 
@@ -52,16 +55,18 @@ class FastPath:
 
     @classmethod
     def for_device(cls, device: torch.device | str, **overrides: Any) -> FastPath:
-        """All switches on for CUDA; on CPU only ``channels_last`` (8-29% faster conv passes in
-        benchmarks/, rounding-level differences); ``overrides`` (None = keep the default) win.
+        """bf16, channels_last and pinned memory on for CUDA; on CPU only ``channels_last`` (8-29%
+        faster conv passes in benchmarks/, rounding-level differences); ``overrides`` (None = keep
+        the default) win.
 
         On a CUDA device without bf16 support (pre-Ampere) ``bf16`` defaults to off. bf16 stays
-        off on CPU (fast only with native bf16 units) and compile too (slow start, no gain).
+        off on CPU (fast only with native bf16 units). ``compile`` is off on every device: no
+        steady-state gain measured on CUDA or CPU, and a slow start (docs/performance.md).
         """
         device = torch.device(device)
         on = device.type == "cuda"
         bf16_ok = on and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        base = cls(bf16=bf16_ok, channels_last=True, compile=on, pin_memory=on)
+        base = cls(bf16=bf16_ok, channels_last=True, compile=False, pin_memory=on)
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown fast-path switch(es): {sorted(unknown)}")

@@ -6,10 +6,10 @@
     result = train(TrainConfig(...))                             # everything explicit
     result.records[0]["best"], result.records[0]["test_acc"]     # best.pt and its test accuracy
 
-Modules, one job each: trainer (the loop, top to bottom), config (settings and defaults), session
+Modules, one job each: trainer (the loop, top to bottom), config (settings), recipes (defaults), session
 (process group, run folder, resume checkpoint), parts (data, model, optimizer, buffer, wired),
 feed (the images of each iteration), step (one iteration), objectives (loss terms), schedule (lr),
-augment (tensor-level augmentation), splits (validation split, labelled subset), progress (where
+augment (tensor-level augmentation), splits (validation split, labelled subset), runstate (where
 the run stands), checkpointing (last.pt / best.pt), divergence (detection, the recovery ladder),
 recovery (rollbacks), stopping (signals, stop requests), state (RNG state), reporting (metrics.csv,
 progress bar, stderr), metrics_log (the CSV), visuals (sample grids), summary (the result), rundir
@@ -21,18 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jemeval.training.config import (
-    DATASET_DEFAULTS,
-    TrainConfig,
-    dataset_defaults,
-    resolve_config,
-    resume_config,
-    resume_from,
-)
+from jemeval.training.config import TrainConfig, resolve_config, resume_config, resume_from
+from jemeval.training.recipes import DATASET_DEFAULTS, RECIPES, dataset_defaults
 from jemeval.training.summary import TrainResult
 from jemeval.training.trainer import Trainer
 
-__all__ = ["DATASET_DEFAULTS", "TrainConfig", "TrainResult", "Trainer", "dataset_defaults", "resolve_config",
+__all__ = ["DATASET_DEFAULTS", "RECIPES", "TrainConfig", "TrainResult", "Trainer", "dataset_defaults", "resolve_config",
            "resume_config", "train"]
 
 

@@ -2,9 +2,10 @@
 
 A run is fully described by its :class:`TrainConfig`; the checkpoint stores ``config.to_dict()``
 (including ``"sgld"`` and ``"sigma"``, which ``jemeval sample``/``robust`` read back as their
-defaults). Defaults come in three layers: the dataclass's generic small defaults, then
+defaults). Defaults come in four layers: the dataclass's generic small defaults, then
 :data:`DATASET_DEFAULTS` for the dataset's base name (the paper's settings for CIFAR/SVHN, a
-laptop-sized recipe for the embedded ``digits``), then what the user sets explicitly.
+laptop-sized recipe for the embedded ``digits``), then a named recipe's (:data:`RECIPES`, e.g.
+``recipe="fast"`` on digits), then what the user sets explicitly.
 """
 from __future__ import annotations
 
@@ -21,59 +22,11 @@ from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.training.augment import parse_augment
 from jemeval.training.loggers import check_loggers
+from jemeval.training.recipes import RECIPES, dataset_defaults, recipe_defaults
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
 OPTIMIZERS = ("adam", "sgd")
-
-#: The JEM release's settings (the paper's Algorithm 1 and the release's defaults, docs/training.md):
-#: WRN-28-10 without BatchNorm, Adam 1e-4, batch 64, 20 SGLD steps of size 1 with noise 0.01, sigma
-#: 0.03, a 10,000-image buffer with 5% re-initialisation, 1,000 warm-up iterations, lr x0.3 at epochs
-#: 50 and 100 of 150, 5,000 validation images.
-PAPER = {
-    "arch": "wrn:depth=28,widen=10,norm=none",
-    "epochs": 150,
-    "batch_size": 64,
-    "lr": 1e-4,
-    "optimizer": "adam",
-    "warmup_iters": 1000,
-    "decay_epochs": (50, 100),
-    "decay_rate": 0.3,
-    "sgld_steps": 20,
-    "sgld_lr": 1.0,
-    "sgld_std": 0.01,
-    "sigma": 0.03,
-    "buffer_size": 10000,
-    "reinit_freq": 0.05,
-    "val_size": 5000,
-}
-
-#: Settings for sklearn's 8x8 digits that reach >= 95% test accuracy in well under two minutes on
-#: two CPU cores, with log p(x) separating digits from uniform noise (docs/training.md has figures).
-DIGITS = {
-    "arch": "cnn:width=32",
-    "epochs": 20,
-    "batch_size": 64,
-    "lr": 3e-3,
-    "optimizer": "adam",
-    "warmup_iters": 20,
-    "decay_epochs": (15,),
-    "decay_rate": 0.3,
-    "sgld_steps": 10,
-    "sgld_lr": 1.0,
-    "sgld_std": 0.01,
-    "sigma": 0.03,
-    "buffer_size": 1000,
-    "reinit_freq": 0.05,
-    "val_size": 150,
-}
-
-DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "cifar10": PAPER,
-    "cifar100": PAPER,
-    "svhn": PAPER,
-    "digits": DIGITS,
-}
 
 #: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
@@ -96,6 +49,7 @@ class TrainConfig:
     """
 
     dataset: str = "digits"
+    recipe: str = "paper"  # a named set of defaults over the dataset's (RECIPES); recorded, fixed on a resume
     arch: str = "cnn"
     epochs: int = 20
     out: str | None = None  # default runs/<dataset name>
@@ -117,6 +71,7 @@ class TrainConfig:
     inner_steps: int = 5  # proximal only: first-layer-only steps after each outer step (JEM++: 5)
     inner_step_size: float = 0.2  # proximal only: the inner steps' multiplier (JEM++'s pyld_lr)
     inner_grad_clip: float = 1.0  # proximal only: inner gradients clipped to +-this (JEM++'s eps)
+    recompute_first_layer: bool = True  # proximal only: False reuses the outer gradient (same samples, affine L1)
     buffer_size: int = 10000
     reinit_freq: float = 0.05
     short_run: bool = False  # non-persistent chains from U(-1, 1) every iteration
@@ -144,7 +99,7 @@ class TrainConfig:
     energy_gap_band: float = 1e3  # |mean E(samples) - mean E(data)| must stay inside this band ...
     gap_patience: int = 20  # ... except for at most this many consecutive iterations
     check_every: int = 10  # iterations between divergence checks / progress updates (one host sync)
-    # speed switches (jemeval.runtime.fastpath.FastPath; None = automatic: on for CUDA; channels_last only on CPU)
+    # speed switches (jemeval.runtime.fastpath.FastPath; None = automatic: bf16 on CUDA, channels_last on, compile off)
     bf16: bool | None = None
     channels_last: bool | None = None
     compile: bool | None = None
@@ -189,7 +144,8 @@ class TrainConfig:
         if self.sampler == "proximal":
             return ProximalSGLD(steps=self.sgld_steps, inner_steps=self.inner_steps, step_size=self.sgld_lr,
                                 inner_step_size=self.inner_step_size, grad_clip=self.inner_grad_clip,
-                                noise=self.sgld_std, bn_mode=self.sgld_bn_mode)
+                                noise=self.sgld_std, bn_mode=self.sgld_bn_mode,
+                                recompute_first_layer=self.recompute_first_layer)
         return SGLD(steps=self.sgld_steps, step_size=self.sgld_lr, noise=self.sgld_std, bn_mode=self.sgld_bn_mode)
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +188,8 @@ class TrainConfig:
             value = getattr(self, param)
             _need(value in choices, param, f"unknown {param} {value!r}{did_you_mean(str(value), choices)}; choose "
                   f"{' or '.join(choices)}")
+        _need(self.recipe in RECIPES, "recipe", f"unknown recipe {self.recipe!r}"
+              f"{did_you_mean(str(self.recipe), RECIPES)}; choose {' or '.join(RECIPES)}")
         _need(self.sgld_bn_mode in BN_MODES, "sgld_bn_mode",
               f"sgld_bn_mode (SGLD's BatchNorm mode) must be eval or train, got {self.sgld_bn_mode!r}")
 
@@ -287,11 +245,6 @@ def _need(ok: bool, param: str, message: str) -> None:
         raise UsageError(message, param=param)
 
 
-def dataset_defaults(dataset: str) -> dict[str, Any]:
-    """The defaults for a dataset spec (by its base name); generic small defaults otherwise."""
-    return dict(DATASET_DEFAULTS.get(parse_spec(dataset).name, {}))
-
-
 def objective_defaults(objective: str | None) -> dict[str, Any]:
     """The factored ablation trains only the class-conditional contrast."""
     if objective == "factored":
@@ -300,7 +253,7 @@ def objective_defaults(objective: str | None) -> dict[str, Any]:
 
 
 def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
-    """A validated :class:`TrainConfig`: dataclass defaults < dataset defaults < objective < overrides.
+    """A validated :class:`TrainConfig`: dataclass defaults < dataset defaults < recipe < objective < overrides.
 
     ``None`` values in ``overrides`` mean "not given" and keep the defaults (click's habit).
     """
@@ -311,6 +264,7 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
         raise UsageError(f"unknown training setting {unknown[0]!r}{did_you_mean(unknown[0], known)}")
     merged: dict[str, Any] = {"dataset": dataset}
     merged.update(dataset_defaults(dataset))
+    merged.update(recipe_defaults(given.get("recipe", "paper"), dataset))
     merged.update(objective_defaults(given.get("objective")))
     merged.update(given)
     if "decay_epochs" in merged:
