@@ -121,7 +121,8 @@ def nproc_option(fn):
     machine through torchrun (gloo on CPU, nccl on CUDA with one GPU per process); the command's
     computation shares its batches out (:mod:`jemeval.runtime.shards`) and gives the records of one
     process. Under ``torchrun -m jemeval ...`` (with or without ``--nproc``) the command runs as one
-    rank: rank 0 prints and writes files, the other ranks say nothing unless they alone failed."""
+    rank (:func:`_as_rank`): rank 0 prints, writes files and reports any rank's error; the others
+    say nothing."""
     @click.option("--nproc", type=click.IntRange(min=1), default=None, metavar="N",
                   help="Run in N processes on this machine (torchrun; gloo on CPU, nccl on CUDA with one GPU "
                        "each), the batches shared out; the same records as one process.")

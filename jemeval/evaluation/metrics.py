@@ -96,8 +96,8 @@ def roc_points(id_scores, ood_scores) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pr_points(id_scores, ood_scores) -> tuple[np.ndarray, np.ndarray]:
-    """(recall, precision) of the precision-recall curve, in-distribution positive; the step
-    function through them (precision held from each recall to the next) has area :func:`aupr_in`."""
+    """(recall, precision) of the precision-recall curve, in-distribution positive; the straight
+    lines through them enclose :func:`aupr_in` (the trapezoidal area)."""
     from sklearn.metrics import precision_recall_curve
 
     labels, scores = _labels_scores(id_scores, ood_scores)

@@ -75,13 +75,12 @@ def _curve_panels(ax_roc, ax_pr, scores, s: str, metrics: dict, colors: list) ->
     for (i, name, values), (fpr, tpr), (recall, precision) in zip(sets, roc, pr):
         color, found = colors[i % len(colors)], metrics.get((s, name), {})
         ax_roc.plot(fpr, tpr, color=color, linewidth=1.4, label=f"{name}{_tag('AUROC', found.get('auroc'))}")
-        ax_pr.step(recall, precision, where="post", color=color, linewidth=1.4,
+        ax_pr.plot(recall, precision, color=color, linewidth=1.4,
                    label=f"{name}{_tag('AUPR-In', found.get('aupr_in'))}")
         ax_pr.axhline(len(id_values) / (len(id_values) + len(values)), color=color, linestyle=":", linewidth=0.8)
     line_colors = [colors[i % len(colors)] for i, _, _ in sets]
     draw_overlaps(ax_roc, roc, line_colors, width=1.4)
-    # a step curve runs along its corners: (r0, p0) (r1, p0) (r1, p1) ...
-    draw_overlaps(ax_pr, [(np.repeat(r, 2)[1:], np.repeat(p, 2)[:-1]) for r, p in pr], line_colors, width=1.4)
+    draw_overlaps(ax_pr, pr, line_colors, width=1.4)
     ax_roc.plot([0, 1], [0, 1], linestyle="--", color="0.6", linewidth=0.8)
     ax_roc.set(xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), xlabel="false positive rate (OOD accepted)",
                ylabel="true positive rate (in-dist. accepted)", title=f"{s}: ROC")
