@@ -65,7 +65,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 #: The digits recipe ``recipe="fast"`` lays over :data:`DIGITS`: half the release's SGLD steps at twice the
 #: step size, Adam 4e-3, 17 epochs with lr x0.1 at epoch 12. benchmarks/time_to_accuracy.py: 0.46-0.48x the
 #: release sampler's CPU time per run, reaching its final accuracy and log p(x) AUROC at epoch 13 on 3 of 4
-#: seeds (docs/training.md, "Recipes", has the figures and the trade-offs).
+#: seeds; a 5th seed diverged at its last epoch (docs/training.md, "Recipes", has the figures and the trade-offs).
 FAST_DIGITS = {
     "sampler": "sgld",
     "sgld_steps": 10,

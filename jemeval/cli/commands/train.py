@@ -37,7 +37,8 @@ from jemeval.cli.options import data_options, parse_ints, without_nproc
 @click.option("--recipe", help="A named set of defaults laid over the dataset's: paper (the dataset's own: the paper's "
               "settings for cifar/svhn, the laptop recipe for digits) or fast (digits only: SGLD 10 steps of size 2, "
               "Adam 4e-3, 17 epochs, lr x0.1 at 12: <0.5x the release sampler's time to its accuracy and log p(x) "
-              "AUROC on 3 of 4 seeds; docs/training.md, Recipes); options you give still win [default: paper].")
+              "AUROC on 3 of 4 seeds, 1 of 5 diverged; docs/training.md, Recipes); options you give still win "
+              "[default: paper].")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
                              "[default: per dataset].")
 @click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20].")
