@@ -2,6 +2,7 @@
 
     python benchmarks/time_to_accuracy.py [--seeds 0,1,2] [--recipes release,fast] [--threads 1]
         [--device cpu] [--candidate NAME:key=value,key=value ...] [--json FILE]
+        [--targets ACC,UNIFORM,INTERP --base SECONDS]
 
 (``decay_epochs`` in a candidate takes epochs separated by ``/``: ``decay_epochs=6/9``.)
 
@@ -17,13 +18,18 @@ Recipes (jemeval.training.config.RECIPES has the fast one; it is ``jemeval train
 
 * release: the digits defaults with the paper's sampler (SGLD 20 steps, step size 1, noise 0.01,
   buffer re-initialisation 0.05): cnn:width=32, Adam 3e-3, batch 64, 20 epochs, lr x0.3 at epoch 15;
-* fast:    the recipe ``--recipe fast`` sets (see RECIPES["fast"] and docs/training.md).
+* fast:    the recipe ``--recipe fast`` sets (SGLD 10 steps of size 2, Adam 4e-3, 17 epochs, lr x0.1 at 12;
+  see RECIPES["fast"] and docs/training.md).
 
 The target is the release recipe's FINAL numbers, averaged over the seeds: test accuracy, AUROC vs
 uniform, AUROC vs interp. A run reaches it at the first epoch end where all three are at least the
 target (a release run's own time is its full training time: its final numbers define the target).
 Printed: per-epoch curves, time to target per seed, mean and spread, and the ratio fast / release.
 The order alternates recipe by recipe within each seed, so machine load hits them alike.
+
+Not to rerun the release for every candidate: ``--targets ACC,UNIFORM,INTERP`` gives the target (a
+previous run's release means; the release is then not run unless ``--recipes`` names it) and
+``--base SECONDS`` the release's time the ratios are taken against.
 """
 from __future__ import annotations
 
@@ -117,17 +123,22 @@ def reached(curve: list[dict], target: dict[str, float]) -> dict | None:
     return next((p for p in curve if all(p[m] >= target[m] - 1e-12 for m in METRICS)), None)
 
 
-def summarize(curves: dict[str, dict[int, list[dict]]], seeds: list[int]) -> dict:
-    """Target (the release's mean final numbers), and per recipe and seed the time to reach it."""
-    finals = [curves["release"][s][-1] for s in seeds]
-    target = {m: statistics.mean(f[m] for f in finals) for m in METRICS}
-    out: dict = {"target": target, "recipes": {}}
+def summarize(curves: dict[str, dict[int, list[dict]]], seeds: list[int], target: dict | None = None) -> dict:
+    """Target (the release's mean final numbers, or given), and per recipe and seed the time to reach it."""
+    if target is None:
+        finals = [curves["release"][s][-1] for s in seeds]
+        target = {m: statistics.mean(f[m] for f in finals) for m in METRICS}
+        source = f"release, final, mean of seeds {seeds}"
+    else:
+        source = "given with --targets"
+    out: dict = {"target": target, "target_source": source, "recipes": {}}
     for name, per_seed in curves.items():
         rows = {}
         for s in seeds:
             curve = per_seed[s]
             hit = curve[-1] if name == "release" else reached(curve, target)
-            paired = reached(curve, curves["release"][s][-1]) if name != "release" else curve[-1]
+            own = curves.get("release", {}).get(s)
+            paired = curve[-1] if name == "release" else (reached(curve, own[-1]) if own else None)
             rows[s] = {"final": curve[-1], "hit": hit, "paired": paired}
         out["recipes"][name] = rows
     return out
@@ -140,10 +151,10 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.mean(values):6.1f} s +- {sd:4.1f} (min {min(values):.1f}, max {max(values):.1f})"
 
 
-def report(summary: dict, seeds: list[int], clock: str) -> None:
-    """The table: final numbers, time to target per seed, mean and spread, ratio vs release."""
+def report(summary: dict, seeds: list[int], clock: str, base: float | None = None) -> None:
+    """The table: final numbers, time to target per seed, mean and spread, ratio vs release (or ``base``)."""
     t = summary["target"]
-    print(f"target (release, final, mean of seeds {seeds}): acc {t['acc']:.4f}  AUROC uniform "
+    print(f"target ({summary['target_source']}): acc {t['acc']:.4f}  AUROC uniform "
           f"{t['auroc_uniform']:.4f}  AUROC interp {t['auroc_interp']:.4f}")
     print(f"{'recipe':10s} {'seed':>4s} {'final acc':>9s} {'unif':>6s} {'interp':>6s} {'total s':>8s}   "
           f"{'to target (' + clock + ' s, epoch)':>26s}   {'to own seed release':>20s}")
@@ -158,7 +169,9 @@ def report(summary: dict, seeds: list[int], clock: str) -> None:
                   f"{f[clock]:8.1f}   {hit_text:>26s}   {pair_text:>20s}")
             if hit:
                 means.setdefault(name, []).append(hit[clock])
-    base = statistics.mean(means["release"])
+    if base is None:
+        base = statistics.mean(means["release"]) if means.get("release") else float("nan")
+    print(f"release time (the ratios' base): {base:.1f} {clock} s")
     for name, values in means.items():
         reached_n = len(values)
         ratio = statistics.mean(values) / base if values else float("nan")
@@ -176,13 +189,18 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--json", help="write the curves and the summary to this file")
+    parser.add_argument("--targets", help="ACC,UNIFORM,INTERP: fixed targets (e.g. a previous run's release means); "
+                                          "the release recipe is then not run unless --recipes names it")
+    parser.add_argument("--base", type=float, help="the release's time in seconds (of --clock) for the ratios, "
+                                                   "when it is not run here")
     args = parser.parse_args(argv)
     args.seed = 0
     device = setup(args)
     seeds = [int(s) for s in args.seeds.split(",")]
     candidates = dict(parse_candidate(c) for c in args.candidate)
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
-    if "release" not in names:
+    target = dict(zip(METRICS, (float(v) for v in args.targets.split(",")), strict=True)) if args.targets else None
+    if "release" not in names and target is None:
         names.insert(0, "release")
     print(header(f"time to accuracy on digits: recipes {names}, seeds {seeds}", device))
     print(f"# digits defaults: {DIGITS}")
@@ -197,8 +215,8 @@ def main(argv=None) -> None:
             print(f"#   {name} seed {s}: {len(curves[name][s])} epochs, {last['wall']:.1f} s wall, {last['cpu']:.1f} s "
                   f"CPU, acc {last['acc']:.4f}, AUROC uniform {last['auroc_uniform']:.3f}, interp "
                   f"{last['auroc_interp']:.3f}", flush=True)
-    summary = summarize(curves, seeds)
-    report(summary, seeds, args.clock)
+    summary = summarize(curves, seeds, target)
+    report(summary, seeds, args.clock, args.base)
     if args.json:
         Path(args.json).write_text(json.dumps({"curves": curves, "summary": summary}, indent=1, default=str))
 

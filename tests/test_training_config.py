@@ -82,13 +82,13 @@ def test_a_recipe_is_a_set_of_defaults_that_explicit_settings_override():
     fast = resolve_config("digits", recipe="fast")
     assert fast.recipe == "fast" and fast.to_dict()["recipe"] == "fast"
     assert {k: getattr(fast, k) for k in FAST_DIGITS} == FAST_DIGITS
-    assert fast.sgld().settings()["sampler"] == "proximal-sgld"
+    assert (fast.sgld_steps, fast.sgld_lr, fast.epochs, fast.decay_epochs) == (10, 2.0, 17, (12,))
     paper = resolve_config("digits")
     assert paper.recipe == "paper" and paper.sampler == "sgld" and paper == resolve_config("digits", recipe="paper")
     assert fast.arch == paper.arch and fast.batch_size == paper.batch_size  # only the recipe's keys change
-    assert resolve_config("digits[0-4]", recipe="fast").sampler == "proximal"  # by the dataset's base name
-    mixed = resolve_config("digits", recipe="fast", sgld_steps=7, sampler="sgld")  # what the user sets wins
-    assert (mixed.sgld_steps, mixed.sampler) == (7, "sgld") and mixed.epochs == fast.epochs
+    assert resolve_config("digits[0-4]", recipe="fast").sgld_lr == 2.0  # by the dataset's base name
+    mixed = resolve_config("digits", recipe="fast", sgld_steps=7, sampler="proximal")  # what the user sets wins
+    assert (mixed.sgld_steps, mixed.sampler) == (7, "proximal") and mixed.epochs == fast.epochs
 
 
 @pytest.mark.parametrize("dataset, recipe, words", [
