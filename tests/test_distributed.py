@@ -6,12 +6,11 @@ with the same parameters as one process with batch B.
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from helpers import free_port
 from torch import nn
 
 from jemeval.energy.model import EnergyModel
@@ -77,16 +76,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         D.destroy()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_the_full_batch(tmp_path):
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
     result = torch.load(out)
     single = _train(D.init_from_env(env={}))
     assert result["ctx"] == (0, 2, "gloo", True)

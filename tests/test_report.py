@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import without_timings
 
 import jemeval
 from jemeval.cli import cli
@@ -29,20 +30,12 @@ from jemeval.reports.tables import section_tables
 #: small settings for every section (two models, all five sections: seconds on one core)
 TINY = ["--n", "40", "--refine-steps", "0,1", "--epsilons", "0,1", "--set", "robust.n=8", "--set", "robust.steps=2",
         "--set", "samples.n=2", "--set", "samples.steps=4", "--device", "cpu"]
-VOLATILE = ("created", "seconds")  # wall-clock values: the only things two identical runs may differ in
 
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-def strip(obj):
-    """``obj`` without timestamps and timings (compared everywhere else exactly)."""
-    if isinstance(obj, dict):
-        return {k: strip(v) for k, v in obj.items() if k not in VOLATILE}
-    if isinstance(obj, list):
-        return [strip(v) for v in obj]
-    return obj
 
 
 def of(records, section, model):
@@ -76,7 +69,7 @@ def test_report_numbers_equal_the_single_commands(built, digits_jem_ckpt, digits
             alone = run(*args.split(), "--model", ckpt, "--device", "cpu", "--json")
             assert alone.exit_code == 0, alone.output
             expected = json.loads(alone.stdout)["records"]
-            assert strip(of(report["records"], section, name)) == strip(expected), (name, section)
+            assert without_timings(of(report["records"], section, name)) == without_timings(expected), (name, section)
     assert json.loads((out / "report.json").read_text()) == report
 
 
@@ -185,7 +178,8 @@ def test_rerun_reuses_changed_settings_recompute_force_recomputes_all(tmp_path, 
     text = (tmp_path / "r" / "report.json").read_text()
     again = report(n=30)
     assert [s["status"] for s in again.status] == ["cached", "cached"]
-    assert strip(json.loads((tmp_path / "r" / "report.json").read_text())) == strip(json.loads(text))
+    written = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert without_timings(written) == without_timings(json.loads(text))
     assert again.records == first.records and (tmp_path / "r" / "report.md").read_text().count("0.") > 10
     changed = report(n=30, options={"accuracy": {"refine_steps": [0]}})
     assert [s["status"] for s in changed.status] == ["computed", "cached"]

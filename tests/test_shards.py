@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from click.testing import CliRunner
+from helpers import free_port
 
 from jemeval.cli import cli
 from jemeval.cli.options import without_nproc
@@ -102,16 +102,12 @@ def sharded_report(rank: int, out: str, unsharded: list) -> None:
     torch.save(report, f"{out}.{rank}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_give_the_batches_of_one(tmp_path):
     out = str(tmp_path / "rank")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
     single = [_batch(b) for b in range(5)]
     for rank in (0, 1):
         report = torch.load(f"{out}.{rank}")
