@@ -18,8 +18,8 @@ Recipes (jemeval.training.config.RECIPES has the fast one; it is ``jemeval train
 
 * release: the digits defaults with the paper's sampler (SGLD 20 steps, step size 1, noise 0.01,
   buffer re-initialisation 0.05): cnn:width=32, Adam 3e-3, batch 64, 20 epochs, lr x0.3 at epoch 15;
-* fast:    the recipe ``--recipe fast`` sets (SGLD 10 steps of size 2, Adam 4e-3, 17 epochs, lr x0.1 at 12;
-  see RECIPES["fast"] and docs/training.md).
+* fast:    the recipe ``--recipe fast`` sets (SGLD 10 steps of size 2, Adam 4e-3, energy L2 0.01, 13 epochs,
+  lr x0.1 at 12; see RECIPES["fast"] and docs/training.md).
 
 The target is the release recipe's FINAL numbers, averaged over the seeds: test accuracy, AUROC vs
 uniform, AUROC vs interp. A run reaches it at the first epoch end where all three are at least the
@@ -42,6 +42,7 @@ from pathlib import Path
 
 from timing import header, setup
 
+from jemeval.errors import TrainingDiverged
 from jemeval.evaluation.accuracy import evaluate
 from jemeval.evaluation.ood import evaluate_ood
 from jemeval.training import train
@@ -95,7 +96,9 @@ def measure(model) -> dict[str, float]:
 
 
 def run(settings: dict, seed: int, device: str) -> list[dict]:
-    """One training run; the curve: per epoch, the charged wall/CPU seconds and the three numbers."""
+    """One training run; the curve: per epoch end (rolled-back epochs included), the charged wall/CPU
+    seconds and the three numbers; every point also carries the run's ``status`` (completed or
+    diverged: the recovery budget spent) and ``recoveries`` (rollbacks on the way)."""
     curve: list[dict] = []
     clock = {"eval_wall": 0.0, "eval_cpu": 0.0}
 
@@ -113,13 +116,26 @@ def run(settings: dict, seed: int, device: str) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as out:
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        train("digits", seed=seed, device=device, out=str(Path(out) / "run"), progress=False, grid_every=0,
-              test_eval=False, on_step=on_step, **settings)
+        try:
+            summary = train("digits", seed=seed, device=device, out=str(Path(out) / "run"), progress=False,
+                            grid_every=0, test_eval=False, on_step=on_step, **settings).records[0]
+            status, recoveries = "completed", summary["recoveries"]
+        except TrainingDiverged:  # the recovery budget was spent: a failed run, reported as such
+            status, recoveries = "diverged", None
+            if not curve:  # before the first epoch end: one point at the time it took, numbers unknown
+                curve.append({"epoch": 0, "wall": time.perf_counter() - start_wall - clock["eval_wall"],
+                              "cpu": time.process_time() - start_cpu - clock["eval_cpu"],
+                              **dict.fromkeys(METRICS, float("nan"))})
+    for point in curve:
+        point.update(status=status, recoveries=recoveries)
     return curve
 
 
 def reached(curve: list[dict], target: dict[str, float]) -> dict | None:
-    """The first epoch end at which every number is at least the target's."""
+    """The first epoch end at which every number is at least the target's (never for a diverged run:
+    its user gets an error, not a model)."""
+    if curve and curve[-1]["status"] == "diverged":
+        return None
     return next((p for p in curve if all(p[m] >= target[m] - 1e-12 for m in METRICS)), None)
 
 
@@ -151,6 +167,12 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.mean(values):6.1f} s +- {sd:4.1f} (min {min(values):.1f}, max {max(values):.1f})"
 
 
+def _outcome(point: dict) -> str:
+    if point["status"] == "diverged":
+        return "DIVERGED (recovery budget spent)"
+    return f"{point['recoveries']} rollbacks" if point["recoveries"] else ""
+
+
 def report(summary: dict, seeds: list[int], clock: str, base: float | None = None) -> None:
     """The table: final numbers, time to target per seed, mean and spread, ratio vs release (or ``base``)."""
     t = summary["target"]
@@ -166,7 +188,7 @@ def report(summary: dict, seeds: list[int], clock: str, base: float | None = Non
             hit_text = f"{hit[clock]:7.1f} (ep {hit['epoch']:2d})" if hit else "      never"
             pair_text = f"{paired[clock]:7.1f} (ep {paired['epoch']:2d})" if paired else "      never"
             print(f"{name:10s} {s:4d} {f['acc']:9.4f} {f['auroc_uniform']:6.3f} {f['auroc_interp']:6.3f} "
-                  f"{f[clock]:8.1f}   {hit_text:>26s}   {pair_text:>20s}")
+                  f"{f[clock]:8.1f}   {hit_text:>26s}   {pair_text:>20s}   {_outcome(f)}")
             if hit:
                 means.setdefault(name, []).append(hit[clock])
     if base is None:
@@ -212,9 +234,9 @@ def main(argv=None) -> None:
         for name in names:
             curves[name][s] = run(recipe_settings(name, candidates), s, str(device))
             last = curves[name][s][-1]
-            print(f"#   {name} seed {s}: {len(curves[name][s])} epochs, {last['wall']:.1f} s wall, {last['cpu']:.1f} s "
-                  f"CPU, acc {last['acc']:.4f}, AUROC uniform {last['auroc_uniform']:.3f}, interp "
-                  f"{last['auroc_interp']:.3f}", flush=True)
+            print(f"#   {name} seed {s}: {len(curves[name][s])} epoch ends, {last['wall']:.1f} s wall, "
+                  f"{last['cpu']:.1f} s CPU, acc {last['acc']:.4f}, AUROC uniform {last['auroc_uniform']:.3f}, interp "
+                  f"{last['auroc_interp']:.3f}, {last['status']}, {last['recoveries']} rollbacks", flush=True)
     summary = summarize(curves, seeds, target)
     report(summary, seeds, args.clock, args.base)
     if args.json:

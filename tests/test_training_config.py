@@ -82,7 +82,7 @@ def test_a_recipe_is_a_set_of_defaults_that_explicit_settings_override():
     fast = resolve_config("digits", recipe="fast")
     assert fast.recipe == "fast" and fast.to_dict()["recipe"] == "fast"
     assert {k: getattr(fast, k) for k in FAST_DIGITS} == FAST_DIGITS
-    assert (fast.sgld_steps, fast.sgld_lr, fast.epochs, fast.decay_epochs) == (10, 2.0, 17, (12,))
+    assert (fast.sgld_steps, fast.sgld_lr, fast.epochs, fast.decay_epochs, fast.energy_l2) == (10, 2.0, 15, (14,), 0.01)
     paper = resolve_config("digits")
     assert paper.recipe == "paper" and paper.sampler == "sgld" and paper == resolve_config("digits", recipe="paper")
     assert fast.arch == paper.arch and fast.batch_size == paper.batch_size  # only the recipe's keys change

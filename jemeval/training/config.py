@@ -98,6 +98,7 @@ class TrainConfig:
     max_abs_energy: float = 1e5
     energy_gap_band: float = 1e3  # |mean E(samples) - mean E(data)| must stay inside this band ...
     gap_patience: int = 20  # ... except for at most this many consecutive iterations
+    max_val_drop: float = 0.2  # an epoch whose validation accuracy is more than this below the best is rolled back
     check_every: int = 10  # iterations between divergence checks / progress updates (one host sync)
     # speed switches (jemeval.runtime.fastpath.FastPath; None = automatic: bf16 on CUDA, channels_last on, compile off)
     bf16: bool | None = None
@@ -216,6 +217,7 @@ class TrainConfig:
             ("labels_per_class", self.labels_per_class is None or self.labels_per_class >= 1, "be >= 1"),
             ("max_recoveries", self.max_recoveries >= 0, "be >= 0"),
             ("check_every", self.check_every >= 1, "be >= 1"),
+            ("max_val_drop", 0.0 < self.max_val_drop <= 1.0, "lie in (0, 1] (1 turns the check off)"),
             ("grid_every", self.grid_every >= 0, "be >= 0"),
             ("log_every", self.log_every >= 1, "be >= 1"),
         ):

@@ -11,7 +11,9 @@ Detection, checked every ``check_every`` iterations (one host synchronisation fo
 * |loss| > ``max_abs_loss`` (the release's 1e8);
 * any |E(x)| of data or samples > ``max_abs_energy`` (energies exploding);
 * the gap mean E(samples) - mean E(data) outside +-``energy_gap_band`` for more than
-  ``gap_patience`` consecutive iterations (in stable PCD training it oscillates around 0).
+  ``gap_patience`` consecutive iterations (in stable PCD training it oscillates around 0);
+* at every epoch end, before last.pt is written: a validation accuracy more than ``max_val_drop``
+  below the best so far (:func:`jemeval.training.recovery.check_validation`).
 """
 from __future__ import annotations
 

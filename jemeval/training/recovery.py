@@ -35,6 +35,22 @@ def check(monitor: DivergenceMonitor, step: int, device: torch.device) -> None:
         raise local
 
 
+def check_validation(val_acc: float | None, best: tuple[float | None, int | None], max_drop: float, step: int,
+                     device: torch.device) -> None:
+    """An epoch whose validation accuracy fell more than ``max_drop`` below the best so far (``best``:
+    accuracy, epoch) diverged too: JEM's energies can run away within one epoch without crossing the
+    per-iteration thresholds (seen on digits with ``recipe="fast"``, seed 4: 0.95 -> 0.33 in one epoch),
+    and such a state must never be saved as last.pt, the state every rollback returns to. Decided by
+    all ranks together, like :func:`check`."""
+    best_acc, best_epoch = best
+    collapsed = val_acc is not None and best_acc is not None and best_acc - val_acc > max_drop
+    if ddp.any_rank(collapsed, device):
+        if not collapsed:
+            raise Divergence("validation accuracy collapsed on another process", step)
+        raise Divergence(f"validation accuracy {val_acc:.4f} is more than {max_drop:g} below the best "
+                         f"({best_acc:.4f}, epoch {best_epoch})", step)
+
+
 def recover(div: Divergence, parts: Parts, progress: Progress, report: Reporter) -> TrainStep:
     """Roll back to last.pt and apply the next rung of the ladder; returns the iteration rebuilt
     with the new settings (raises :class:`TrainingDiverged` when the budget is spent)."""

@@ -28,7 +28,7 @@ from jemeval.training.checkpointing import restore, save_best, save_last, stored
 from jemeval.training.config import TrainConfig
 from jemeval.training.divergence import Divergence
 from jemeval.training.parts import build, make_step
-from jemeval.training.recovery import check, recover
+from jemeval.training.recovery import check, check_validation, recover
 from jemeval.training.reporting import Reporter
 from jemeval.training.runstate import EpochStats, Progress
 from jemeval.training.schedule import run_rate
@@ -132,13 +132,15 @@ class Trainer:
         return True
 
     def _end_epoch(self, started: float) -> None:
-        """Validation, best.pt, sample grids, the metrics row, last.pt, metrics.csv, one stderr line."""
+        """Validation (a collapse is a divergence: rolled back), best.pt, sample grids, the metrics row,
+        last.pt, metrics.csv, one stderr line."""
         cfg, p, s = self.config, self.parts, self.progress
         m = s.stats.means(pooled=True)
         prior = s.stats.seconds  # time spent on this epoch before a resume
         train_seconds = prior + (time.perf_counter() - started)
         val_acc = accuracy_on_arrays(p.model, p.data.x_val, p.data.y_val, batch_size=cfg.eval_batch_size,
                                      sigma=cfg.eval_sigma, seed=cfg.seed)
+        check_validation(val_acc, (s.best_val_acc, s.best_epoch), cfg.max_val_drop, s.step, p.device)
         lr = run_rate(cfg, max(s.step - 1, 0), s.epoch, s.adjustments.lr_scale)  # the epoch's last iteration's
         s.next_epoch()
         if val_acc is None or s.best_val_acc is None or val_acc > s.best_val_acc:
