@@ -108,12 +108,12 @@ def test_temperature_scaling_reported_beside_raw(clf, tmp_path):
 
 
 def test_cli_json_csv_and_bin_table(digits_classifier_ckpt, tmp_path):
-    r = run("calibrate", "--model", digits_classifier_ckpt, "--bins", 5, "--json", "--sigma", 0.03)
+    r = run("calibrate", "--model", digits_classifier_ckpt, "--bins", 5, "--json", "--sigma", 0.03, "--device", "cpu")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert len(data["records"][0]["bins"]) == 5 and data["provenance"]["settings"]["sigma"] == 0.03
     csv = tmp_path / "cal.csv"
-    r = run("calibrate", "--model", digits_classifier_ckpt, "--n", 100, "--csv", csv)
+    r = run("calibrate", "--model", digits_classifier_ckpt, "--n", 100, "--csv", csv, "--device", "cpu")
     assert r.exit_code == 0, r.output
     assert "ece" in r.stdout and "lower" in r.stdout and "count" in r.stdout  # summary, then the per-bin table
     header = [line for line in csv.read_text().splitlines() if not line.startswith("#")][0]
@@ -134,9 +134,9 @@ def test_plugin_calibration_metrics_are_opt_in(digits_classifier_ckpt, tmp_path,
             register("test-mean-confidence", test_mean_confidence)
 
     with testing.registered_plugin(Plugin(), name="test-cal-plugin"):
-        default = run("calibrate", "--model", digits_classifier_ckpt, "--json")
+        default = run("calibrate", "--model", digits_classifier_ckpt, "--device", "cpu", "--json")
         named = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "ece,test-mean-confidence",
-                    "--no-bins", "--plot", tmp_path / "r.png")
+                    "--no-bins", "--plot", tmp_path / "r.png", "--device", "cpu")
         typo = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "test-mean-confidense")
     record = json.loads(default.stdout)["records"][0]
     assert [k for k in record if k not in ("calibration", "temperature")] == [

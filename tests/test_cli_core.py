@@ -63,7 +63,7 @@ def test_more_user_mistakes_are_one_line(digits_classifier_ckpt, tmp_path):
 
 def test_robust_on_a_synthetic_set_takes_the_model_shape(digits_classifier_ckpt):
     r = run("robust", "--model", str(digits_classifier_ckpt), "--norm", "linf", "--data", "constant",
-            "--epsilons", "0", "--n", "4", "--json")
+            "--epsilons", "0", "--n", "4", "--device", "cpu", "--json")
     # constant images are unlabelled: a one-line error, not a missing-input-shape complaint
     assert r.exit_code == 2 and "needs labelled data, and 'constant' is unlabelled" in r.output
     assert "input_shape" not in r.output and "Traceback" not in r.output

@@ -73,7 +73,7 @@ def test_refinement_moves_inputs_and_is_seeded(clf):
 
 
 def test_cli_json_and_errors(digits_classifier_ckpt):
-    r = run("eval", "--model", digits_classifier_ckpt, "--n", 50, "--json")
+    r = run("eval", "--model", digits_classifier_ckpt, "--n", 50, "--device", "cpu", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["records"][0]["n"] == 50
     for args, message in [

@@ -357,17 +357,18 @@ def test_briefly_trained_igebm_runs_through_ood_and_calibrate(tmp_path):
         "--no-progress", "--json", "--device", "cpu"])
     assert trained.exit_code == 0, trained.output
     ckpt = json.loads(trained.stdout)["best"]
-    model = jemeval.load_model(ckpt)
+    model = jemeval.load_model(ckpt, device="cpu")
     assert model.arch == "igebm" and model.metadata["dataset"] == "digits"
 
-    ood = runner.invoke(cli, ["ood", "--model", ckpt, "--ood", "uniform,interp", "--n", "100", "--json"])
+    ood = runner.invoke(cli, ["ood", "--model", ckpt, "--ood", "uniform,interp", "--n", "100", "--device", "cpu",
+                              "--json"])
     assert ood.exit_code == 0, ood.output
     records = json.loads(ood.stdout)["records"]
     assert {(r["score"], r["ood"].split(":")[0]) for r in records} == {
         (s, o) for s in ("logpx", "maxprob", "gradnorm") for o in ("uniform", "interp")}
     assert all(0.0 <= r["auroc"] <= 1.0 and r["n_id"] == 100 for r in records)
 
-    calibrated = runner.invoke(cli, ["calibrate", "--model", ckpt, "--json"])
+    calibrated = runner.invoke(cli, ["calibrate", "--model", ckpt, "--device", "cpu", "--json"])
     assert calibrated.exit_code == 0, calibrated.output
     summary = json.loads(calibrated.stdout)["records"][0]
     test = jemeval.load_dataset("digits", "test")

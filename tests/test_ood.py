@@ -214,7 +214,7 @@ def test_plugin_score_and_metric_work_everywhere(clf, tmp_path):
 def test_cli_outputs(digits_classifier_ckpt, tmp_path):
     csv = tmp_path / "ood.csv"
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform,gaussian", "--score", "logpx,energy:T=2",
-            "--n", 100, "--json", "--csv", csv)
+            "--n", 100, "--device", "cpu", "--json", "--csv", csv)
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert [(x["score"], x["ood"]) for x in data["records"]] == [
@@ -224,7 +224,7 @@ def test_cli_outputs(digits_classifier_ckpt, tmp_path):
     frame = pd.read_csv(csv, comment="#")
     assert list(frame["auroc"]) == pytest.approx([x["auroc"] for x in data["records"]])
     assert csv.read_text().startswith("# provenance:")
-    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--n", 50, "--markdown")
+    r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--n", 50, "--device", "cpu", "--markdown")
     assert r.exit_code == 0 and "| score" in r.stdout and "provenance" in r.stdout
 
 
@@ -296,11 +296,12 @@ def test_cli_writes_the_scores_the_plot_and_the_json(digits_classifier_ckpt, tmp
     Python API's result and its save helpers give."""
     npz, png, out = tmp_path / "s.npz", tmp_path / "h.png", tmp_path / "r.json"
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", "logpx", "--n", 30,
-            "--sigma", 0.02, "--save-scores", npz, "--plot", png, "--out", out, "--json")
+            "--sigma", 0.02, "--save-scores", npz, "--plot", png, "--out", out, "--device", "cpu", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     assert set(data) == {"records", "provenance", "notes"} and data["provenance"]["settings"]["sigma"] == 0.02
-    api = evaluate_ood(digits_classifier_ckpt, "uniform", scores="logpx", n=30, input_sigma=0.02, progress=False)
+    api = evaluate_ood(digits_classifier_ckpt, "uniform", scores="logpx", n=30, input_sigma=0.02, device="cpu",
+                       progress=False)
     assert data["records"] == json.loads(api.to_json())["records"]
     with np.load(npz) as f:
         np.testing.assert_array_equal(f["ood/uniform/logpx"], api.extra["scores"].ood_scores["uniform"]["logpx"])

@@ -179,7 +179,7 @@ def test_tuning_on_a_test_set_or_the_id_set_is_refused(clf):
 
 def test_cli_near_far_json(digits_classifier_ckpt):
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "near,far", "--score", "maxprob,mahalanobis",
-            "--n", 40, "--json")
+            "--n", 40, "--device", "cpu", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert [x["ood"] for x in data["records"]][:7] == ["interp:digits", "rotate:digits", "near", "uniform",

@@ -159,7 +159,7 @@ def test_bad_input_is_one_clear_line(digits_classifier_ckpt, args, words):
 def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_ckpt, tmp_path):
     grid = tmp_path / "distal.png"
     res = CliRunner().invoke(cli, ["distal", "--model", str(digits_classifier_ckpt), "--target", "3,8", "--n", "4",
-                                   "--steps", "40", "--grid", str(grid), "--json"])
+                                   "--steps", "40", "--grid", str(grid), "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert [r["target"] for r in out["records"]] == [3, 8]
