@@ -180,3 +180,33 @@ def digits_jem_ckpt(tmp_path_factory):
 def digits_baseline_ckpt(tmp_path_factory):
     """Path to best.pt of the same run with --px-weight 0: the plain classifier baseline (no sampling)."""
     return _private_copy("digits_baseline_ckpt", tmp_path_factory)
+
+
+# -- every test pins its device --------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _device_is_pinned(request, monkeypatch):
+    """Fail a test that lets jemeval pick the device ("auto", None): CI has no GPU, but the suite
+    must also pass where CUDA is visible, and there such a test would compute on the GPU (bf16,
+    TF32 convolutions) against references computed on the CPU. Tests that only reach an error, or
+    test "auto" itself, are marked ``any_device``."""
+    if request.node.get_closest_marker("any_device"):
+        yield
+        return
+    import sys
+
+    from jemeval.runtime import devices
+
+    real, unpinned = devices.resolve_device, []
+
+    def pinned_only(device, *args, **kwargs):
+        if device is None or (isinstance(device, str) and device.strip().lower() in ("", "auto")):
+            unpinned.append(device)
+        return real(device, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):  # also where the function was imported by name
+        if name.startswith("jemeval") and getattr(module, "resolve_device", None) is real:
+            monkeypatch.setattr(module, "resolve_device", pinned_only)
+    yield
+    if unpinned:
+        pytest.fail(f"the test let jemeval pick the device ({unpinned[0]!r}); pass device='cpu' / --device cpu, "
+                    "or mark it any_device if it only reaches an error", pytrace=False)

@@ -250,6 +250,7 @@ CLI_CASES = [
 
 
 @pytest.mark.parametrize("args, expected", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+@pytest.mark.any_device
 def test_cli_refuses_in_one_line_and_touches_nothing(env, args, expected):
     before = snapshot(env)
     result = runner().invoke(cli, args.split())
@@ -296,6 +297,7 @@ DISK_FULL_CASES = [
 
 
 @pytest.mark.parametrize("args, target", [c[1:] for c in DISK_FULL_CASES], ids=[c[0] for c in DISK_FULL_CASES])
+@pytest.mark.any_device
 def test_a_full_disk_is_one_line(env, monkeypatch, args, target):
     import jemeval.atomic
 

@@ -137,7 +137,8 @@ def test_plugin_calibration_metrics_are_opt_in(digits_classifier_ckpt, tmp_path,
         default = run("calibrate", "--model", digits_classifier_ckpt, "--device", "cpu", "--json")
         named = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "ece,test-mean-confidence",
                     "--no-bins", "--plot", tmp_path / "r.png", "--device", "cpu")
-        typo = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "test-mean-confidense")
+        typo = run("calibrate", "--model", digits_classifier_ckpt, "--metric", "test-mean-confidense",
+                   "--device", "cpu")
     record = json.loads(default.stdout)["records"][0]
     assert [k for k in record if k not in ("calibration", "temperature")] == [
         "ece", "mce", "rms", "brier", "nll", "accuracy", "n", "bins"]
@@ -156,6 +157,7 @@ def test_plugin_calibration_metrics_are_opt_in(digits_classifier_ckpt, tmp_path,
     (["--bins", "0"], "--bins must be >= 1"),
     (["--plot", "x.jpg"], "--plot must be a .png file"),
 ])
+@pytest.mark.any_device
 def test_cli_usage_errors(digits_classifier_ckpt, args, message):
     r = run("calibrate", "--model", digits_classifier_ckpt, *args)
     assert r.exit_code == 2, r.output

@@ -285,6 +285,7 @@ def test_pickle_refusal_says_how_to_get_a_loadable_file(tmp_path):
         assert "convert it with" not in text and "\n" not in text
 
 
+@pytest.mark.any_device
 def test_load_model_device_names_are_checked_in_one_place(tmp_path, digits_classifier_ckpt):
     from jemeval.cli.options import resolve_device as cli_device
     from jemeval.errors import UsageError

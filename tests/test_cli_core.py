@@ -1,6 +1,7 @@
 import json
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from jemeval.cli import cli
@@ -38,6 +39,7 @@ def test_plugins_json_lists_builtins_with_versions():
     assert report["jemeval.builtins.models"]["registered"]["model"] == ["cnn", "timm", "wrn"]
 
 
+@pytest.mark.any_device
 def test_bad_component_options_are_one_line_usage_errors(digits_classifier_ckpt):
     r = run("ood", "--model", str(digits_classifier_ckpt), "--ood", "uniform", "--score", "energy:t=3")
     assert r.exit_code == 2 and "score 'energy' has no option 't' (did you mean 'T'?); its options: T" in r.output
@@ -46,6 +48,7 @@ def test_bad_component_options_are_one_line_usage_errors(digits_classifier_ckpt)
     assert "Traceback" not in r.output
 
 
+@pytest.mark.any_device
 def test_more_user_mistakes_are_one_line(digits_classifier_ckpt, tmp_path):
     ckpt = str(digits_classifier_ckpt)
     blocker = tmp_path / "a_file"

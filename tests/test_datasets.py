@@ -71,6 +71,7 @@ def test_image_folder(tmp_path):
     assert x.shape == (3, 8, 8) and torch.all(x == 1.0) and y == 0
 
 
+@pytest.mark.any_device
 def test_missing_torchvision_dataset_says_how_to_download(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="run again with download=True"):
         jemeval.load_dataset("cifar10", "test", root=tmp_path)

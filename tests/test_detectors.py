@@ -192,6 +192,7 @@ def test_each_use_of_a_detector_has_its_own_instance(clf):
     ("odin:eps=-1", "eps must be a finite number >= 0"),
     ("ash:variant=ash-x", "unknown variant 'ash-x'"),
 ])
+@pytest.mark.any_device
 def test_bad_detector_options_are_one_line(digits_classifier_ckpt, spec, message):
     from click.testing import CliRunner
 

@@ -82,7 +82,7 @@ def test_cli_json_and_errors(digits_classifier_ckpt):
         (["--data", "uniform"], "unlabelled"),
         (["--chains", "0"], "--chains must be >= 1"),
     ]:
-        r = run("eval", "--model", digits_classifier_ckpt, *args)
+        r = run("eval", "--model", digits_classifier_ckpt, *args, "--device", "cpu")
         assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, (args, r.output)
-    r = run("eval", "--model", "/nonexistent/best.pt")
+    r = run("eval", "--model", "/nonexistent/best.pt", "--device", "cpu")
     assert r.exit_code == 1 and "does not exist" in r.output

@@ -103,6 +103,7 @@ def test_fidelity_records_which_samples_were_scored(digits_classifier_ckpt, tmp_
         assert any("judges its own samples" in n for n in res.notes)  # features model = generating model
 
 
+@pytest.mark.any_device
 def test_missing_inception_weights_is_one_clear_line(digits_classifier_ckpt, tmp_path, monkeypatch):
     monkeypatch.delenv(fid_mod.WEIGHTS_ENV, raising=False)
     with pytest.raises(UsageError, match="give it as inception_weights") as info:
@@ -119,6 +120,7 @@ def test_missing_inception_weights_is_one_clear_line(digits_classifier_ckpt, tmp
     assert res.exit_code == 2 and "does not exist" in res.output
 
 
+@pytest.mark.any_device
 def test_wrong_inception_weights_files_are_rejected(tmp_path, digits_classifier_ckpt):
     junk = tmp_path / "junk.pth"
     junk.write_text("not weights")

@@ -118,6 +118,7 @@ def test_buffer_init_uses_the_class_blocks(buffer_ckpt):
     assert all(any(torch.equal(img, torch.full((1, 8, 8), v.item())) for v in values) for img in u.samples.x)
 
 
+@pytest.mark.any_device
 def test_buffer_init_without_a_buffer_is_one_clear_error(digits_classifier_ckpt):
     with pytest.raises(UsageError, match="stores no replay buffer.*set init to 'noise'"):
         sample(digits_classifier_ckpt, n=2, steps=1, init="buffer", progress=False)

@@ -237,6 +237,7 @@ def test_cli_outputs(digits_classifier_ckpt, tmp_path):
     (["--ood", "digits"], "is the in-distribution set itself"),
     (["--ood", "uniform", "--metric", "aurok"], "did you mean 'auroc'"),
 ])
+@pytest.mark.any_device
 def test_cli_usage_errors_are_one_line(digits_classifier_ckpt, args, message):
     r = run("ood", "--model", digits_classifier_ckpt, *args)
     assert r.exit_code == 2, r.output
@@ -279,6 +280,7 @@ def test_a_single_string_is_one_set_not_its_letters(clf):
 
 
 @pytest.mark.parametrize("T", ["0", "-1", "nan", "inf"])
+@pytest.mark.any_device
 def test_energy_temperature_must_be_positive_and_finite(digits_classifier_ckpt, T):
     """Issue 11 item 14: `--score energy:T=0` blamed the model's outputs for overflowing."""
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", f"energy:T={T}", "--n", 20)

@@ -112,6 +112,7 @@ def test_file_sets_read_image_folders_and_name_what_is_missing(tmp_path):
     assert gray[2][0].shape == (1, 8, 8)
 
 
+@pytest.mark.any_device
 def test_cli_missing_file_set_is_one_line(digits_classifier_ckpt, tmp_path):
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "places365", "--data-root", tmp_path, "--n", 10)
     assert r.exit_code == 1 and "Traceback" not in r.output
@@ -168,6 +169,7 @@ def test_tuned_scores_are_the_chosen_detector_fitted_on_the_images_left_after_tu
     assert plain.provenance["settings"]["fit_data"]["n"] == 1347  # without tuning: every train image
 
 
+@pytest.mark.any_device
 def test_tuning_on_a_test_set_or_the_id_set_is_refused(clf):
     for tune_on, other in (("rotate:digits", "rotate:digits"), ("uniform:seed=5", "uniform"), ("digits", "digits")):
         with pytest.raises(UsageError, match=f"is the dataset '{other}' that is also evaluated") as info:

@@ -91,6 +91,7 @@ def test_model_options_are_checked_against_the_factory(spec, message):
     assert str(exc.value) == message
 
 
+@pytest.mark.any_device
 def test_cli_arch_typo_lists_the_options(tmp_path):
     from click.testing import CliRunner
 

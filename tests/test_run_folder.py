@@ -251,6 +251,7 @@ def test_out_with_a_missing_parent_is_one_line_and_creates_nothing(tmp_path, mon
 
 
 # -- item 13: --nproc is bounded by the devices ----------------------------------------------------
+@pytest.mark.any_device
 def test_nproc_above_the_devices_is_refused_before_launch(tmp_path, monkeypatch):
     too_many = available_cpus() + 1
     message = one_line_error(invoke(*CLI_TINY, "--out", str(tmp_path / "cpu"), "--nproc", str(too_many)))

@@ -52,6 +52,7 @@ def test_cli_trains_and_prints_json(tmp_path):
     (["digits", "--recipe", "fats"], "unknown --recipe 'fats' (did you mean 'fast'?); choose paper or fast"),
     (["cifar10", "--recipe", "fast"], "--recipe 'fast' is defined for digits only"),
 ])
+@pytest.mark.any_device
 def test_cli_bad_input_is_one_line_exit_2(args, words):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
