@@ -66,7 +66,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 #: step size, Adam 4e-3, an energy L2 penalty of 0.01 (without it 1 run in 8 diverged), 15 epochs with lr
 #: x0.1 at epoch 14 (accuracy and log p(x) AUROC jump in the epoch after the decay). Measured with
 #: benchmarks/time_to_accuracy.py on 12 seeds: ~0.43x the release sampler's CPU time per run, mean test
-#: accuracy and log p(x) AUROCs above the release recipe's, no divergence (docs/training.md, "Recipes").
+#: accuracy and log p(x) AUROCs at or above the release recipe's, no divergence (docs/training.md, "Recipes").
 FAST_DIGITS = {
     "sampler": "sgld",
     "sgld_steps": 10,

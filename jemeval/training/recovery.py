@@ -39,7 +39,7 @@ def check_validation(val_acc: float | None, best: tuple[float | None, int | None
                      device: torch.device) -> None:
     """An epoch whose validation accuracy fell more than ``max_drop`` below the best so far (``best``:
     accuracy, epoch) diverged too: JEM's energies can run away within one epoch without crossing the
-    per-iteration thresholds (seen on digits with ``recipe="fast"``, seed 4: 0.95 -> 0.33 in one epoch),
+    per-iteration thresholds (seen on digits with the first ``recipe="fast"``, seed 4: 0.95 -> 0.33 in one epoch),
     and such a state must never be saved as last.pt, the state every rollback returns to. Decided by
     all ranks together, like :func:`check`."""
     best_acc, best_epoch = best
