@@ -8,9 +8,12 @@ every command on the device. Fails loudly (exit status 1, the failing command's 
    20 SGLD steps; each variant built alone, 2 warm-up calls, the median of ``--repeats`` synchronised
    calls): the release-style reference (benchmarks/naive_reference.py: buffer on the host, three
    forwards), jemeval's ``TrainStep`` in fp32, + channels_last, + bf16, + both (the CUDA default),
-   optionally + torch.compile (``--compile``), the trainer's loop in this process (an epoch of
-   ``--iterations``), and the ``jemeval train`` command itself (its second epoch's images/s from
-   metrics.csv). Images/s, the ratio to the release, and peak GPU memory of each.
+   optionally + torch.compile (``--compile``), the CUDA default again as a loop runs it
+   (``--iterations`` calls back to back, one synchronisation: the host queues the next call while
+   the GPU runs this one), the trainer's loop in this process (an epoch of ``--iterations``), and
+   the ``jemeval train`` command itself (its second epoch's images/s from metrics.csv). Images/s,
+   the ratio to the release, and peak GPU memory of each. Hold the trainer and CLI rows against
+   the back-to-back row: both are means over a loop, the synchronised medians are not.
 2. The grad-norm OOD score's throughput (images/s), release-style vs jemeval fp32 vs bf16 + channels_last.
 3. ``jemeval train``, ``ood``, ``calibrate``, ``eval``, ``robust``, ``sample`` and ``report`` (when the
    installed jemeval has it; otherwise "skipped: no report command") on the device, on a small
@@ -68,6 +71,26 @@ def measure(fn, repeats: int, device: torch.device, warmup: int = 2) -> dict[str
         fn()
         sync(device)
         times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    return {"seconds": statistics.median(times), "peak_gib": peak}
+
+
+def measure_back_to_back(fn, calls: int, repeats: int, device: torch.device, warmup: int = 2) -> dict[str, float]:
+    """Seconds per call of ``calls`` calls of ``fn()`` queued back to back (one synchronisation around
+    them all; median over ``repeats``): the steady state a training loop runs in, where the host
+    queues the next iteration while the GPU runs this one. :func:`measure` synchronises around every
+    call, so its figure is not the one to hold a loop's epoch mean against."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / calls)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     return {"seconds": statistics.median(times), "peak_gib": peak}
 
@@ -135,6 +158,13 @@ def iteration_rows(size: dict, device: torch.device, with_compile: bool) -> list
         del fn
         free(device)
         print(f"#   measured {name}", file=sys.stderr, flush=True)
+    # the device's default fast path again, timed as a loop runs it: what the trainer rows compare with
+    name = "TrainStep + bf16 + channels_last" if wanted({"bf16": True}, size, device) else "TrainStep + channels_last"
+    fn = step_variant(base, x, y, size, device, STEP_VARIANTS[name])
+    rows.append((f"{name}, {size['iterations']} calls back to back",
+                 measure_back_to_back(fn, size["iterations"], max(1, size["repeats"] // 2), device, size["warmup"])))
+    del fn
+    free(device)
     return rows
 
 

@@ -35,6 +35,7 @@ def test_smoke_run_on_cpu_goes_through_every_step():
     names = [line.split(" | ")[0][2:] for line in table]
     assert names[:3] == ["release (buffer on host, 3 forwards)", "TrainStep fp32", "TrainStep + channels_last"]
     assert any(n.startswith("Trainer loop") for n in names) and any(n.startswith("`jemeval train`") for n in names)
+    assert "TrainStep + channels_last, 2 calls back to back" in names  # the loop-like comparator (bf16: CUDA only)
     assert table[0].split(" | ")[2] == "1.00x"
     assert any(n.startswith("jemeval gradnorm, fp32") for n in names)
 
