@@ -51,6 +51,7 @@ def test_cli_trains_and_prints_json(tmp_path):
     (["digits", "--short-run", "--px-weight", "0"], "--short-run needs sampling"),
     (["digits", "--recipe", "fats"], "unknown --recipe 'fats' (did you mean 'fast'?); choose paper or fast"),
     (["cifar10", "--recipe", "fast"], "--recipe 'fast' is defined for digits only"),
+    (["digits", "--max-val-drop", "0"], "--max-val-drop must lie in (0, 1] (1 turns the check off), got 0.0"),
 ])
 @pytest.mark.any_device
 def test_cli_bad_input_is_one_line_exit_2(args, words):

@@ -51,8 +51,11 @@ def test_bad_settings_raise_one_line_usage_errors_naming_the_parameter(changes, 
 
 def test_resume_config_only_lets_harmless_settings_change():
     stored = resolve_config("digits", epochs=4).to_dict()
-    cfg = resume_config(stored, epochs=8, device="cpu")
+    cfg = resume_config(stored, epochs=8, device="cpu", max_recoveries=9, max_val_drop=1.0)
     assert cfg.epochs == 8 and cfg.resume and cfg.lr == stored["lr"]
+    assert (cfg.max_recoveries, cfg.max_val_drop) == (9, 1.0)  # recovery settings: a stuck run can go on
+    older = {k: v for k, v in stored.items() if k != "max_val_drop"}  # stored before the setting existed
+    assert resume_config(older, epochs=8).max_val_drop == TrainConfig.max_val_drop
     with pytest.raises(UsageError, match="lr=0.5"):
         resume_config(stored, lr=0.5)
 

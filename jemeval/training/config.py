@@ -30,8 +30,8 @@ OPTIMIZERS = ("adam", "sgd")
 
 #: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
-                               "resume", "overwrite", "compile", "test_eval", "grid_every", "config_file",
-                               "log_to", "log_every"})
+                               "max_val_drop", "resume", "overwrite", "compile", "test_eval", "grid_every",
+                               "config_file", "log_to", "log_every"})
 
 RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
                        "them, not both")

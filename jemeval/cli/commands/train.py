@@ -91,6 +91,8 @@ from jemeval.cli.options import data_options, parse_ints, without_nproc
               "digits 15; others 160,180].")
 @click.option("--decay-rate", type=float, help="Learning-rate decay factor [default: 0.3].")
 @click.option("--max-recoveries", type=int, help="Automatic divergence recoveries before giving up [default: 5].")
+@click.option("--max-val-drop", type=float, help="Roll back (as a divergence) an epoch whose validation accuracy is "
+              "more than this below the best so far; 1 turns the check off [default: 0.2].")
 @click.option("--bf16/--no-bf16", default=None, help="bf16 autocast [default: on for CUDA, off on CPU].")
 @click.option("--channels-last/--no-channels-last", default=None,
               help="channels_last memory format [default: on; faster conv passes on CPU and GPU].")
