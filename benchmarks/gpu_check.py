@@ -57,32 +57,17 @@ STEP_VARIANTS = {"TrainStep fp32": {}, "TrainStep + channels_last": {"channels_l
                                                                                           "channels_last": True}}
 
 
-def measure(fn, repeats: int, device: torch.device, warmup: int = 2) -> dict[str, float]:
-    """Median seconds of ``fn()`` (after ``warmup`` calls) and the peak memory of the calls, in GiB."""
+def measure(fn, repeats: int, device: torch.device, warmup: int = 2, calls: int = 1) -> dict[str, float]:
+    """Median seconds per call of ``fn()`` (after ``warmup`` calls) and the peak memory, in GiB.
+
+    Each of the ``repeats`` timings synchronises around ``calls`` calls queued back to back. With
+    ``calls=1`` every call is timed alone; with more, the host queues the next call while the GPU
+    runs this one, as in a training loop, whose epoch mean is to be held against that figure."""
     for _ in range(warmup):
         fn()
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
-    return {"seconds": statistics.median(times), "peak_gib": peak}
-
-
-def measure_back_to_back(fn, calls: int, repeats: int, device: torch.device, warmup: int = 2) -> dict[str, float]:
-    """Seconds per call of ``calls`` calls of ``fn()`` queued back to back (one synchronisation around
-    them all; median over ``repeats``): the steady state a training loop runs in, where the host
-    queues the next iteration while the GPU runs this one. :func:`measure` synchronises around every
-    call, so its figure is not the one to hold a loop's epoch mean against."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
     times = []
     for _ in range(repeats):
         sync(device)
@@ -162,7 +147,7 @@ def iteration_rows(size: dict, device: torch.device, with_compile: bool) -> list
     name = "TrainStep + bf16 + channels_last" if wanted({"bf16": True}, size, device) else "TrainStep + channels_last"
     fn = step_variant(base, x, y, size, device, STEP_VARIANTS[name])
     rows.append((f"{name}, {size['iterations']} calls back to back",
-                 measure_back_to_back(fn, size["iterations"], max(1, size["repeats"] // 2), device, size["warmup"])))
+                 measure(fn, max(1, size["repeats"] // 2), device, size["warmup"], calls=size["iterations"])))
     del fn
     free(device)
     return rows
