@@ -18,8 +18,8 @@ Recipes (jemeval.training.config.RECIPES has the fast one; it is ``jemeval train
 
 * release: the digits defaults with the paper's sampler (SGLD 20 steps, step size 1, noise 0.01,
   buffer re-initialisation 0.05): cnn:width=32, Adam 3e-3, batch 64, 20 epochs, lr x0.3 at epoch 15;
-* fast:    the recipe ``--recipe fast`` sets (SGLD 10 steps of size 2, Adam 4e-3, energy L2 0.01, 13 epochs,
-  lr x0.1 at 12; see RECIPES["fast"] and docs/training.md).
+* fast:    the recipe ``--recipe fast`` sets (SGLD 10 steps of size 2, Adam 4e-3, energy L2 0.01, 15 epochs,
+  lr x0.1 at 14; see RECIPES["fast"] and docs/training.md).
 
 The target is the release recipe's FINAL numbers, averaged over the seeds: test accuracy, AUROC vs
 uniform, AUROC vs interp. A run reaches it at the first epoch end where all three are at least the

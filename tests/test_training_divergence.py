@@ -145,12 +145,13 @@ def test_divergence_budget_exhausted_raises_one_clear_line(tmp_path, monkeypatch
 LEARNS = {"px_weight": 0.0, "batch_size": 8, "lr": 3e-3, "epochs": 3, "max_val_drop": 0.1}
 
 
-def zero_weights_after(step: int, first_time_only: bool = True):
-    """An ``on_step`` that zeroes every weight after iteration ``step``: equal logits, every image
-    predicted as class 0, finite moderate energies (nothing the per-iteration checks can see)."""
+def zero_weights_after(step: int):
+    """An ``on_step`` that zeroes every weight after iteration ``step`` (before any rollback): equal
+    logits, every image predicted as class 0, finite moderate energies (nothing the per-iteration
+    checks can see)."""
 
     def on_step(trainer) -> None:
-        if trainer.step == step and not (first_time_only and trainer.progress.recoveries):
+        if trainer.step == step and not trainer.progress.recoveries:
             with torch.no_grad():
                 for param in trainer.parts.model.parameters():
                     param.zero_()
@@ -159,8 +160,8 @@ def zero_weights_after(step: int, first_time_only: bool = True):
 
 
 def test_collapsed_validation_accuracy_is_rolled_back_not_saved(tmp_path):
-    """An epoch can end with a collapsed model but finite, moderate energies (digits, recipe "fast",
-    seed 4: val 0.95 -> 0.33 in one epoch): it is rolled back, never saved as last.pt."""
+    """An epoch can end with a collapsed model but finite, moderate energies (digits, the first recipe
+    "fast", seed 4: val 0.95 -> 0.33 in one epoch): it is rolled back, never saved as last.pt."""
     summary = train(tiny(tmp_path, **LEARNS), on_step=zero_weights_after(126)).records[0]
     df = pd.read_csv(summary["metrics"])
     events = df["event"].dropna().tolist()
