@@ -14,7 +14,7 @@ accuracy) and ``jemeval.evaluation.ood.evaluate_ood`` (AUROC of log p~(x), digit
 clock is the run's wall (and process CPU) time minus the time spent evaluating; the trainer's own
 per-epoch validation and checkpoint writes are charged, as in any run.
 
-Recipes (jemeval.training.config.RECIPES has the fast one; it is ``jemeval train digits --recipe fast``):
+Recipes (jemeval.training.recipes.RECIPES has the fast one; it is ``jemeval train digits --recipe fast``):
 
 * release: the digits defaults with the paper's sampler (SGLD 20 steps, step size 1, noise 0.01,
   buffer re-initialisation 0.05): cnn:width=32, Adam 3e-3, batch 64, 20 epochs, lr x0.3 at epoch 15;
