@@ -12,8 +12,12 @@ every command on the device. Fails loudly (exit status 1, the failing command's 
    (``--iterations`` calls back to back, one synchronisation: the host queues the next call while
    the GPU runs this one), the trainer's loop in this process (an epoch of ``--iterations``), and
    the ``jemeval train`` command itself (its second epoch's images/s from metrics.csv). Images/s,
-   the ratio to the release, and peak GPU memory of each. Hold the trainer and CLI rows against
-   the back-to-back row: both are means over a loop, the synchronised medians are not.
+   the ratio to the release, peak GPU memory, and the model TFLOP/s of each: the FLOPs of one
+   device-default ``TrainStep`` call (counted with torch's formulas, ``timing.flops_of``: the work the
+   JEM iteration needs, charged to every row alike, the release's third forward not counted) over
+   the row's time, to hold against the GPU's practical peak, a large bf16 matmul's TFLOP/s
+   (``timing.gemm_ceiling``, printed with the table). Hold the trainer and CLI rows against the
+   back-to-back row: both are means over a loop, the synchronised medians are not.
 2. The grad-norm OOD score's throughput (images/s), release-style vs jemeval fp32 vs bf16 + channels_last.
 3. ``jemeval train``, ``ood``, ``calibrate``, ``eval``, ``robust``, ``sample`` and ``report`` (when the
    installed jemeval has it; otherwise "skipped: no report command") on the device, on a small
@@ -36,7 +40,7 @@ from pathlib import Path
 import torch
 from gradnorm_throughput import naive_gradnorm
 from naive_reference import naive_iteration
-from timing import header, sync
+from timing import flops_of, gemm_ceiling, header, sync
 from train_iteration import trainer_step
 from trainer_overhead import build_trainer, end_epoch_only_counts, write_npz
 
@@ -120,8 +124,9 @@ def wanted(switches: dict, size: dict, device: torch.device) -> bool:
     return not (size["smoke"] and device.type == "cpu" and switches.get("bf16"))
 
 
-def iteration_rows(size: dict, device: torch.device, with_compile: bool) -> list[tuple[str, dict]]:
-    """(name, {seconds, peak_gib}) per variant, each built, measured and freed on its own."""
+def iteration_rows(size: dict, device: torch.device, with_compile: bool) -> tuple[list[tuple[str, dict]], int]:
+    """(name, {seconds, peak_gib}) per variant, each built, measured and freed on its own; and the
+    FLOPs of one iteration (the device's default TrainStep, counted once before it is timed)."""
     torch.manual_seed(0)
     base = create_model(size["arch"], CLASSES, SHAPE).to(device)
     x = torch.rand((size["batch"], *SHAPE), device=device) * 2 - 1
@@ -146,11 +151,12 @@ def iteration_rows(size: dict, device: torch.device, with_compile: bool) -> list
     # the device's default fast path again, timed as a loop runs it: what the trainer rows compare with
     name = "TrainStep + bf16 + channels_last" if wanted({"bf16": True}, size, device) else "TrainStep + channels_last"
     fn = step_variant(base, x, y, size, device, STEP_VARIANTS[name])
+    flops = flops_of(fn)
     rows.append((f"{name}, {size['iterations']} calls back to back",
                  measure(fn, max(1, size["repeats"] // 2), device, size["warmup"], calls=size["iterations"])))
     del fn
     free(device)
-    return rows
+    return rows, flops
 
 
 def trainer_row(size: dict, device: torch.device, tmp: Path) -> tuple[str, dict]:
@@ -266,18 +272,30 @@ def evaluation_commands(model: Path, size: dict, device: torch.device, tmp: Path
     run_command("report", jemeval_command(*args), failures)
 
 
-def print_tables(size: dict, rows: list[tuple[str, dict]], cli_rate: float | None, scores, device) -> None:
-    """The markdown tables: iteration variants (images/s, vs release, peak memory), grad-norm throughput."""
-    print(f"\n### One training iteration: {size['arch']}, batch {size['batch']}, {size['steps']} SGLD steps\n")
-    print("| who | images/s | vs release | ms / iteration | peak GPU memory (GiB) |\n|---|---:|---:|---:|---:|")
+def matmul_ceiling(size: dict, device: torch.device) -> tuple[str, float]:
+    """(precision, FLOP/s) of a large matmul in the precision of the device's default fast path."""
+    dtype = torch.bfloat16 if wanted({"bf16": True}, size, device) else torch.float32
+    return str(dtype).removeprefix("torch."), gemm_ceiling(device, dtype)
+
+
+def print_tables(size: dict, rows: list[tuple[str, dict]], flops: int, ceiling: tuple[str, float],
+                 cli_rate: float | None, scores) -> None:
+    """The markdown tables: iteration variants (images/s, vs release, peak memory, model TFLOP/s),
+    grad-norm throughput."""
+    print(f"\n### One training iteration: {size['arch']}, batch {size['batch']}, {size['steps']} SGLD steps "
+          f"({flops / 1e12:.3g} TFLOP per iteration; a large {ceiling[0]} matmul on this device: "
+          f"{ceiling[1] / 1e12:.3g} TFLOP/s)\n")
+    print("| who | images/s | vs release | ms / iteration | peak GPU memory (GiB) | model TFLOP/s |\n"
+          "|---|---:|---:|---:|---:|---:|")
     release = size["batch"] / rows[0][1]["seconds"]
     for name, r in rows:
         rate = size["batch"] / r["seconds"]
         peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
-        print(f"| {name} | {rate:.0f} | {rate / release:.2f}x | {1e3 * r['seconds']:.1f} | {peak} |")
+        print(f"| {name} | {rate:.0f} | {rate / release:.2f}x | {1e3 * r['seconds']:.1f} | {peak} "
+              f"| {flops / r['seconds'] / 1e12:.3g} |")
     if cli_rate is not None:
         print(f"| `jemeval train` (CLI defaults), 2nd epoch (metrics.csv) | {cli_rate:.0f} | {cli_rate / release:.2f}x "
-              "| - | - |")
+              f"| - | - | {flops * cli_rate / size['batch'] / 1e12:.3g} |")
     print(f"\n### Grad-norm score throughput: {size['arch']}, 4 batches of {size['score_batch']}\n")
     print("| variant | images/s | vs release-style |\n|---|---:|---:|")
     for name, rate in scores:
@@ -303,15 +321,17 @@ def main(argv=None) -> int:
     failures: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        rows, scores = [], []
+        rows, scores, flops, ceiling = [], [], 0, ("", 0.0)
         if not args.skip_speed:
-            rows = iteration_rows(size, device, args.compile) + [trainer_row(size, device, tmp)]
+            rows, flops = iteration_rows(size, device, args.compile)
+            rows.append(trainer_row(size, device, tmp))
             scores = gradnorm_rows(size, device)
+            ceiling = matmul_ceiling(size, device)
         model, cli_rate = train_command(size, device, tmp, failures)
         if model is not None:
             evaluation_commands(model, size, device, tmp, failures)
         if rows:
-            print_tables(size, rows, cli_rate, scores, device)
+            print_tables(size, rows, flops, ceiling, cli_rate, scores)
             if not wanted({"bf16": True}, size, device):
                 print("\n(bf16 variants left out: a CPU smoke run; bf16 convolutions are very slow on many CPUs)")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")

@@ -14,7 +14,11 @@ needs the same plus every weight gradient. Printed (medians, variants interleave
 
 Each fast-path setting (channels_last, bf16 autocast, both; ``--compile`` adds torch.compile) is
 applied to both the training pass and the step, and the step is also compared with the plain
-fp32 training pass (what the issue's 0.55 bar is measured against).
+fp32 training pass (what the issue's 0.55 bar is measured against). The last columns are the
+achieved GFLOP/s (wall clock) of the training pass and of the step: the FLOPs of each call counted
+once with torch's formulas (``timing.flops_of``; the same math under every setting), to hold
+against the processor's practical peak: a large matmul in fp32 and in bf16 (``timing.gemm_ceiling``),
+whose FLOP/s are printed with the share of it the step reaches.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from timing import add_common_args, fmt_ms, header, interleave, setup
+from timing import add_common_args, flops_of, fmt_ms, gemm_ceiling, header, interleave, setup
 
 from jemeval.energy.factory import create_model
 from jemeval.runtime.fastpath import FastPath
@@ -49,6 +53,39 @@ def train_pass(model, fp: FastPath, x: torch.Tensor, y: torch.Tensor) -> None:
     F.cross_entropy(logits.float(), y).backward()
     for p in model.parameters():
         p.grad = None
+
+
+def print_results(t: dict[str, dict[str, float]], settings: list[str], flops: dict[str, int],
+                  ceiling: dict[str, float]) -> None:
+    """The table (times, ratios, GFLOP/s per setting), the naive step and the floor's unit, and the
+    step's share of the matmul ceiling of its precision."""
+    train32 = t["train/fp32"]
+    print(f"# GFLOP per call (torch's formulas): train {flops['train'] / 1e9:.1f}, step {flops['step'] / 1e9:.1f}, "
+          f"forward {flops['forward'] / 1e9:.1f}")
+    print(f"{'setting':20s} {'train ms':>9s} {'step ms':>9s}   step/train same setting   step/train fp32"
+          "   GFLOP/s (wall)")
+    print(f"{'':20s} {'cpu':>9s} {'cpu':>9s}   {'cpu':>6s} {'wall':>6s}              {'cpu':>6s} {'wall':>6s}"
+          f"   {'train':>6s} {'step':>6s}")
+    for name in settings:
+        tr, st = t[f"train/{name}"], t[f"step/{name}"]
+        print(f"{name:20s} {fmt_ms(tr['cpu'])} {fmt_ms(st['cpu'])}   "
+              f"{st['cpu'] / tr['cpu']:6.3f} {st['wall'] / tr['wall']:6.3f}              "
+              f"{st['cpu'] / train32['cpu']:6.3f} {st['wall'] / train32['wall']:6.3f}   "
+              f"{flops['train'] / 1e9 / tr['wall']:6.1f} {flops['step'] / 1e9 / st['wall']:6.1f}")
+    for name, work in (("naive step", flops["step"]), ("forward only", flops["forward"])):
+        r = t[name]
+        print(f"{name:20s} {'':9s} {fmt_ms(r['cpu'])}   "
+              f"{r['cpu'] / train32['cpu']:6.3f} {r['wall'] / train32['wall']:6.3f}   (vs fp32 train)"
+              f"   {'':6s} {work / 1e9 / r['wall']:6.1f}")
+    js, ns = t["step/fp32"], t["naive step"]
+    print(f"jemeval fp32 step / naive step: cpu {js['cpu'] / ns['cpu']:.3f}, wall {js['wall'] / ns['wall']:.3f}")
+    shares = [f"{name} {flops['step'] / t[f'step/{name}']['wall'] / ceiling['bf16' if 'bf16' in name else 'fp32']:.0%}"
+              for name in settings]
+    print(f"GEMM ceiling (one large matmul): fp32 {ceiling['fp32'] / 1e9:.1f} GFLOP/s, "
+          f"bf16 {ceiling['bf16'] / 1e9:.1f} GFLOP/s; step / ceiling of its precision (wall): {', '.join(shares)}")
+    fw = t["forward only"]
+    print(f"fp32 floor estimate (2 x forward) / train: cpu {2 * fw['cpu'] / train32['cpu']:.3f}, "
+          f"wall {2 * fw['wall'] / train32['wall']:.3f}")
 
 
 def main(argv=None) -> None:
@@ -92,24 +129,11 @@ def main(argv=None) -> None:
     variants["forward only"] = forward_only
 
     print(header(f"SGLD step vs training forward+backward: {args.arch}, batch {args.batch}, input {shape}", device))
+    flops = {"train": flops_of(variants["train/fp32"]), "step": flops_of(variants["step/fp32"]),
+             "forward": flops_of(forward_only)}
     t = interleave(variants, args.repeats, device)
-    train32 = t["train/fp32"]
-    print(f"{'setting':20s} {'train ms':>9s} {'step ms':>9s}   step/train same setting   step/train fp32")
-    print(f"{'':20s} {'cpu':>9s} {'cpu':>9s}   {'cpu':>6s} {'wall':>6s}              {'cpu':>6s} {'wall':>6s}")
-    for name in configs:
-        tr, st = t[f"train/{name}"], t[f"step/{name}"]
-        print(f"{name:20s} {fmt_ms(tr['cpu'])} {fmt_ms(st['cpu'])}   "
-              f"{st['cpu'] / tr['cpu']:6.3f} {st['wall'] / tr['wall']:6.3f}              "
-              f"{st['cpu'] / train32['cpu']:6.3f} {st['wall'] / train32['wall']:6.3f}")
-    for name in ("naive step", "forward only"):
-        r = t[name]
-        print(f"{name:20s} {'':9s} {fmt_ms(r['cpu'])}   "
-              f"{r['cpu'] / train32['cpu']:6.3f} {r['wall'] / train32['wall']:6.3f}   (vs fp32 train)")
-    js, ns = t["step/fp32"], t["naive step"]
-    print(f"jemeval fp32 step / naive step: cpu {js['cpu'] / ns['cpu']:.3f}, wall {js['wall'] / ns['wall']:.3f}")
-    fw = t["forward only"]
-    print(f"fp32 floor estimate (2 x forward) / train: cpu {2 * fw['cpu'] / train32['cpu']:.3f}, "
-          f"wall {2 * fw['wall'] / train32['wall']:.3f}")
+    ceiling = {"fp32": gemm_ceiling(device, torch.float32), "bf16": gemm_ceiling(device, torch.bfloat16)}
+    print_results(t, list(configs), flops, ceiling)
     for name, s in compile_s.items():
         print(f"torch.compile start-up ({name}): {s:.1f} s")
 

@@ -37,6 +37,10 @@ def test_smoke_run_on_cpu_goes_through_every_step():
     assert any(n.startswith("Trainer loop") for n in names) and any(n.startswith("`jemeval train`") for n in names)
     assert "TrainStep + channels_last, 2 calls back to back" in names  # the loop-like comparator (bf16: CUDA only)
     assert table[0].split(" | ")[2] == "1.00x"
+    # every iteration row: the step's counted FLOPs over its time, beside a large matmul's rate
+    assert "| model TFLOP/s |" in done.stdout and "float32 matmul on this device: " in done.stdout
+    iteration = [line for line in table if not line.startswith("| jemeval gradnorm") and "release-style" not in line]
+    assert all(float(line.rstrip(" |").rsplit("| ", 1)[1]) > 0 for line in iteration), iteration
     assert any(n.startswith("jemeval gradnorm, fp32") for n in names)
 
 
