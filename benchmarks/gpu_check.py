@@ -248,13 +248,14 @@ def train_command(size: dict, device: torch.device, tmp: Path, failures: list) -
 
 def evaluation_commands(model: Path, size: dict, device: torch.device, tmp: Path, failures: list) -> None:
     """Every evaluation command once, on the device, with the model ``jemeval train`` wrote."""
-    n, eb = size["n_eval"], size["eval_batch"]
-    commands = {
-        "ood": ("ood", "--model", model, "--ood", "uniform", "--n", n, "--batch-size", eb),
-        "calibrate": ("calibrate", "--model", model, "--n", n, "--batch-size", eb),
-        "eval": ("eval", "--model", model, "--n", n, "--refine-steps", "0,1", "--chains", 2, "--batch-size", eb),
-        "robust": ("robust", "--model", model, "--norm", "linf", "--attack", "pgd", "--epsilons", "0,0.03",
-                   "--steps", 2, "--n", max(4, n // 8)),
+    n, eb, data = size["n_eval"], size["eval_batch"], f"npz:{tmp / 'cifar_shaped.npz'}"
+    commands = {  # the data named: a checkpoint's recorded npz path is never read by default
+        "ood": ("ood", "--model", model, "--id", data, "--ood", "uniform", "--n", n, "--batch-size", eb),
+        "calibrate": ("calibrate", "--model", model, "--data", data, "--n", n, "--batch-size", eb),
+        "eval": ("eval", "--model", model, "--data", data, "--n", n, "--refine-steps", "0,1", "--chains", 2,
+                 "--batch-size", eb),
+        "robust": ("robust", "--model", model, "--data", data, "--norm", "linf", "--attack", "pgd", "--epsilons",
+                   "0,0.03", "--steps", 2, "--n", max(4, n // 8)),
         "sample": ("sample", "--model", model, "--n", 1, "--steps", size["steps"], "--out", tmp / "samples.png"),
     }
     for name, args in commands.items():
@@ -263,7 +264,8 @@ def evaluation_commands(model: Path, size: dict, device: torch.device, tmp: Path
     if report_help is None:
         print("skipped: no report command", flush=True)
         return
-    args = ["report", "--model", model, "--preset", "quick", "--out", tmp / "report", "--device", device]
+    args = ["report", "--model", model, "--data", data, "--preset", "quick", "--out", tmp / "report", "--device",
+            device]
     if "--n " in report_help or "--n," in report_help:
         args += ["--n", n]
     if "--set " in report_help:  # the preset's sample grid and attack at this check's sizes

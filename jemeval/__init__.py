@@ -12,7 +12,7 @@ Plugins implement hooks marked with :data:`jemeval.hookimpl` (see docs/plugins.m
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from jemeval.components import calibration_metric, ood_metric, pixel_to_model_scale  # noqa: E402
 from jemeval.hookspecs import hookimpl  # noqa: E402

@@ -8,6 +8,11 @@ moment would get the wrong permissions); a replaced file keeps its own permissio
 (or quota, or file-size limit) gives one line naming the file, the previous file kept and the
 temporary one removed. No folder is ever created here: a mistyped output path must not create
 directories anywhere; code that owns a folder (the trainer's run folder) creates it itself.
+
+The writer holds an advisory lock (``flock``) on its temporary file until the rename. A temporary
+file nobody holds is one a killed writer left behind: every atomic write removes those of its own
+target first (:func:`stale_temp_files` returns only unheld ones), so a kill just before a rename
+leaves no litter past the next write of the same file, and a concurrent writer's file is never touched.
 """
 from __future__ import annotations
 
@@ -35,34 +40,43 @@ SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too 
                 getattr(errno, "EDQUOT", errno.ENOSPC): "disk quota exceeded"}
 #: torch.save reports a failed write (a full disk, typically) as a RuntimeError from its zip writer
 TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed")
+#: how writers that are not Python's own (safetensors' Rust I/O: "os error 28") say the same
+FOREIGN_SPACE_ERRORS = {"(os error 28)": "no space left on device", "(os error 27)": "file too large",
+                        "(os error 122)": "disk quota exceeded"}
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
     target = Path(path)
-    tmp_path = _temp_file_next_to(target)
+    for stale in stale_temp_files(target.parent, re.escape(target.name)):
+        with contextlib.suppress(OSError):  # left by a killed write of this same file (no one holds it)
+            stale.unlink()
+    tmp_path, held = _temp_file_next_to(target)
+    created_mode = stat.S_IMODE(os.fstat(held).st_mode)
     try:
         try:
             yield tmp_path
+            held = _hold_again_if_replaced(tmp_path, held)
             with open(tmp_path, "rb+") as fh:
                 os.fsync(fh.fileno())
-            _keep_mode(target, tmp_path)
+            _keep_mode(target, tmp_path, created_mode)
             os.replace(tmp_path, target)
             fsync_folder(target.parent)
-        except (OSError, RuntimeError) as exc:
-            problem = space_problem(exc)
-            if problem is None:
+        except Exception as exc:  # noqa: BLE001 - OSError, torch's RuntimeError, SafetensorError, ...
+            failure = write_failure(exc, target, kept=True)
+            if failure is exc:
                 raise
-            raise WriteError(f"{problem} writing {str(target)!r}; the previous file (if any) is unchanged: "
-                             "free some space or choose another location") from None
+            raise failure from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+        os.close(held)
 
 
-def _temp_file_next_to(target: Path) -> Path:
-    """An empty temporary file in ``target``'s folder (so the final rename stays on one file system)."""
+def _temp_file_next_to(target: Path) -> tuple[Path, int]:
+    """An empty temporary file in ``target``'s folder (so the final rename stays on one file system),
+    and a descriptor holding its lock (closed by the caller once the file is renamed or removed)."""
     folder = target.parent
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -71,8 +85,9 @@ def _temp_file_next_to(target: Path) -> Path:
     for _ in range(100):
         tmp = folder / f".{target.name}.{_random_name()}{TEMP_SUFFIX}"
         try:
-            os.close(os.open(tmp, _CREATE_FLAGS, 0o666))  # 0o666 & ~umask, as open() would create it
-            return tmp
+            fd = os.open(tmp, _CREATE_FLAGS, 0o666)  # 0o666 & ~umask, as open() would create it
+            _lock(fd, block=True)
+            return tmp, fd
         except FileExistsError:
             continue
         except OSError as exc:  # a read-only or full location is the caller's path, not a bug
@@ -83,6 +98,35 @@ def _temp_file_next_to(target: Path) -> Path:
             raise UsageError(f"cannot write {str(target)!r}: {exc.strerror or exc}; choose a writable "
                              "location") from None
     raise WriteError(f"cannot write {str(target)!r}: no free temporary name in {str(folder)!r}")
+
+
+def _lock(fd: int, *, block: bool) -> bool:
+    """Take the advisory lock on ``fd``; False when another open file holds it (``block=False``).
+    Where there is no ``flock`` (Windows) or the file system refuses locks, True."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:  # ENOLCK on some network file systems: no lock to take
+        return True
+
+
+def _held(path: Path) -> bool:
+    """Whether a writer still holds the temporary file ``path``. Without ``flock`` (Windows) no:
+    there an open file cannot be removed anyway, and the removal's error is ignored."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return True  # gone, a link, unreadable: leave it alone
+    try:
+        return not _lock(fd, block=False)
+    finally:
+        os.close(fd)
 
 
 def _random_name() -> str:
@@ -96,15 +140,42 @@ def space_problem(exc: BaseException) -> str | None:
         return SPACE_ERRNOS[exc.errno]
     if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in TORCH_WRITE_FAILURES):
         return "no space left on device or file too large"
-    return None
+    return next((problem for marker, problem in FOREIGN_SPACE_ERRORS.items() if marker in str(exc)), None)
 
 
-def _keep_mode(target: Path, tmp_path: Path) -> None:
-    """A file being replaced keeps its permissions; a new one keeps those it was created with."""
+def write_failure(exc: BaseException, path: str | os.PathLike, *, kept: bool = False) -> BaseException:
+    """The one-line error for a write of ``path`` that failed with ``exc``: no room (WriteError), a
+    read-only or forbidden location (UsageError); any other failure is ``exc`` itself. ``kept``:
+    the message says the previous file is unchanged (an atomic write)."""
+    where = f"writing {str(path)!r}" + ("; the previous file (if any) is unchanged" if kept else "")
+    problem = space_problem(exc)
+    if problem is not None:
+        return WriteError(f"{problem} {where}: free some space or choose another location")
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return UsageError(f"cannot write {str(path)!r}: {exc.strerror.lower()}; choose a writable location")
+    return exc
+
+
+def _hold_again_if_replaced(tmp_path: Path, held: int) -> int:
+    """The descriptor holding the lock on ``tmp_path`` now. A writer that wrote a file of its own and
+    renamed it onto the temporary name (safetensors does) left the lock on the old one: lock the new one."""
+    now, before = os.stat(tmp_path), os.fstat(held)
+    if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):
+        return held
+    fd = os.open(tmp_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    _lock(fd, block=True)
+    os.close(held)
+    return fd
+
+
+def _keep_mode(target: Path, tmp_path: Path, created_mode: int) -> None:
+    """A file being replaced keeps its permissions; a new one gets those ``open()`` gives (the
+    temporary file's at creation: a writer that made its own file, 0600 for safetensors, does not
+    choose them)."""
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
-        return
+        mode = created_mode
     os.chmod(tmp_path, mode)
 
 
@@ -139,11 +210,12 @@ def stale_temp_files(folder: str | os.PathLike, names: str) -> list[Path]:
     regular expression ``names`` (e.g. ``r"last\\.pt|best\\.pt"``).
 
     A kill between creating the temporary file and the rename leaves ``.NAME.XXXXXXXX.tmp`` behind. Only that exact
-    pattern matches (a user's own hidden files never do); a caller removes them only when it knows
-    no other writer is active in ``folder`` (e.g. while holding the folder's lock).
+    pattern matches (a user's own hidden files never do), and only files no writer holds (a live
+    write keeps its temporary file locked until the rename), so removing them is always safe.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
     pattern = re.compile(rf"\.(?:{names})\.{_MKSTEMP_RANDOM}{re.escape(TEMP_SUFFIX)}")
-    return sorted(p for p in folder.iterdir() if pattern.fullmatch(p.name) and p.is_file())
+    found = [p for p in folder.iterdir() if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+    return sorted(p for p in found if not _held(p))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from jemeval.errors import UsageError
+from jemeval.errors import JemevalError, UsageError
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, parse_spec
 
@@ -141,6 +141,47 @@ def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None 
         except AttributeError:
             pass
     return ds
+
+
+def dataset_files(spec: str) -> list[Path]:
+    """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE,
+    an option holding a path): what a command reads when it loads the set, and what a cache of
+    results derived from it is keyed on (:func:`dataset_sha256`). A malformed spec names none
+    (loading it reports why)."""
+    try:
+        parsed = parse_spec(spec)
+    except JemevalError:
+        return []
+    found = []
+    for text in [parsed.variant, *parsed.options.values()]:
+        if not isinstance(text, str) or not text:
+            continue
+        if Path(text).expanduser().exists():
+            found.append(Path(text).expanduser())
+        elif ":" in text:
+            found.extend(dataset_files(text))
+    return found
+
+
+def names_no_path(spec: str) -> bool:
+    """Whether a dataset spec is a plain name (``cifar10``, ``digits[0-4]``): no ``:ARG`` and no
+    options, so it cannot point at a local file or folder. A spec read from a file someone else
+    wrote (a checkpoint's recorded training set) is used only when this holds: a downloaded
+    checkpoint must not choose which local paths a command reads (``folder:/`` would crawl the disk)."""
+    try:
+        parsed = parse_spec(spec)
+    except JemevalError:
+        return False
+    return parsed.variant is None and not parsed.options and not dataset_files(spec)
+
+
+def dataset_sha256(spec: str) -> str | None:
+    """The SHA-256 of the contents of the files a dataset spec names, or None for a set that names
+    none (a registered set such as ``digits``, identified by its name)."""
+    from jemeval.provenance import content_sha256
+
+    files = dataset_files(spec)
+    return content_sha256(files) if files else None
 
 
 def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> Dataset:

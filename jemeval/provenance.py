@@ -6,9 +6,11 @@ evaluation setting: enough for someone else to know exactly what a number means.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ def provenance(
 
     record: dict[str, Any] = {
         "jemeval_version": __version__,
+        **source_checkout(),
         "plugins": {k: v for k, v in get_plugin_manager().versions().items()},
         "torch_version": str(torch.__version__),  # a TorchVersion would not load with weights_only
         "python_version": sys.version.split()[0],
@@ -67,14 +70,35 @@ def provenance(
     return record
 
 
-_HASH_CACHE: dict[tuple[str, int, float], str] = {}
+@functools.lru_cache(maxsize=1)
+def source_checkout() -> dict[str, Any]:
+    """``{"jemeval_commit": SHA, "jemeval_dirty": bool}`` when jemeval runs from a git checkout (an
+    editable install), else ``{}``: two results of one version from different code are told apart.
+    Asked of git once per process (``status`` with the file-system monitor off, which could run a
+    command configured in the repository); anything unexpected leaves the fields out."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return {}
+    git = ["git", "-C", str(root), "-c", "core.fsmonitor=false", "--no-optional-locks"]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "jemeval"],
+                                capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):  # no git, not a repository git trusts, too slow
+        return {}
+    return {"jemeval_commit": commit.stdout.strip(), "jemeval_dirty": bool(status.stdout.strip())}
+
+
+_HASH_CACHE: dict[tuple[str, int, int, int, int, int], str] = {}
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file (cached by path, size and mtime): the checkpoint hash in provenance."""
+    """SHA-256 of a file: the checkpoint hash in provenance. Kept for this process by path, device,
+    inode, size and change times, so a file replaced at the same path (even with its old mtime) is
+    hashed again."""
     p = Path(path).resolve()
     st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime)
+    key = (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _HASH_CACHE:
         h = hashlib.sha256()
         with open(p, "rb") as fh:
@@ -82,3 +106,21 @@ def file_sha256(path: str | os.PathLike) -> str:
                 h.update(block)
         _HASH_CACHE[key] = h.hexdigest()
     return _HASH_CACHE[key]
+
+
+def content_sha256(paths: list[str | os.PathLike]) -> str:
+    """One SHA-256 over the contents of files and folders (every file under a folder, by relative
+    path, symlinked folders not entered): what a cache of results derived from them is keyed on."""
+    h = hashlib.sha256()
+    for root in sorted(Path(p) for p in paths):
+        h.update(f"{root}\0".encode())
+        files = [root] if root.is_file() else sorted(f for f in _walk(root) if f.is_file())
+        for f in files:
+            h.update(f"{f.relative_to(root) if f != root else ''}\0{file_sha256(f)}\0".encode())
+    return h.hexdigest()
+
+
+def _walk(folder: Path):
+    for dirpath, _, names in os.walk(folder):  # followlinks=False: a link to / is not crawled
+        for name in names:
+            yield Path(dirpath) / name

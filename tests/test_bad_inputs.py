@@ -80,6 +80,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
                 state[rel] = ("link", os.readlink(p))
             elif p.is_dir():
                 state[rel] = ("dir",)
+            elif not p.is_file():  # a FIFO, socket or device: reading it would block
+                state[rel] = ("special", st.st_mode, st.st_ino)
             else:
                 state[rel] = (st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
     return state
@@ -116,8 +118,9 @@ CLI_CASES = [
     ("ood-save-scores-is-ood-set", "ood --model m.pt --ood npz:d.npz --save-scores d.npz",
      "--save-scores 'd.npz' is the file of dataset 'npz:d.npz' (--ood)"),
     ("ood-out-is-id-set", "ood --model m.pt --id npz:d.npz --ood uniform --out d.npz", "(--id)"),
+    # issue 23 item 4: a checkpoint's recorded set that names a path is never read (the user gives --id)
     ("ood-out-is-default-id-set", "ood --model M.pt --ood uniform --out d.npz",
-     "the model's training set read by default"),
+     "the checkpoint records its training set as 'npz:"),
     ("ood-plot-inside-folder-set", "ood --model m.pt --ood folder:F --plot F/a/x.png",
      "is inside the folder of dataset 'folder:F'"),
     ("ood-two-outputs-one-file", "ood --model m.pt --ood uniform --out r.json --csv r.json",
@@ -209,7 +212,7 @@ CLI_CASES = [
     ("fidelity-out-is-weights", "fidelity --samples d.npz --inception-weights w.pth --out w.pth",
      "is the Inception weights file (--inception-weights)"),
     ("fidelity-out-is-default-reference", "fidelity --model M.pt --features m.pt --out d.npz",
-     "the model's training set read by default"),
+     "give --ref npz:"),
     ("fidelity-unknown-metric", "fidelity --samples d.npz --metrics isx", "did you mean 'is'"),
     ("fidelity-no-inception-weights", "fidelity --model m.pt", "jemeval never downloads"),
     # convert

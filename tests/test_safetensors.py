@@ -136,11 +136,14 @@ def test_export_command(digits_classifier_ckpt, tmp_path):
 
 
 def test_commands_protect_the_dataset_a_safetensors_header_names(tmp_path):
-    """The output checks read the header's dataset like a checkpoint's: its file is never overwritten."""
+    """A header's dataset naming a file is never read by default (issue 23 item 4), so never overwritten."""
     import numpy as np
 
     data = tmp_path / "data.npz"
     np.savez(data, x=np.zeros((4, 1, 8, 8), np.float32), y=np.zeros(4, np.int64))
+    before = data.read_bytes()
     path = _write(tmp_path / "m.safetensors", _header(dataset=f"npz:{data}"))
-    r = CliRunner().invoke(cli, ["ood", "--model", str(path), "--ood", "uniform", "--save-scores", str(data)])
-    assert r.exit_code == 2 and "the model's training set read by default" in _one_line(r)
+    r = CliRunner().invoke(cli, ["ood", "--model", str(path), "--ood", "uniform", "--save-scores", str(data),
+                                 "--device", "cpu"])
+    assert r.exit_code == 2 and f"records its training set as 'npz:{data}'" in _one_line(r)
+    assert data.read_bytes() == before

@@ -18,6 +18,9 @@ dependency of jemeval itself.
 * ``autoattack``: torchattacks' AutoAttack, ``version`` ``standard`` (APGD-CE, APGD-T, FAB-T,
   Square) or ``rand`` (APGD-CE and APGD-DLR with EOT, for randomised defences). ``steps`` sets
   every inner attack's iterations (default 100, AutoAttack's own; torchattacks' default is 10).
+  The rand version averages :data:`AA_RAND_EOT` (20) gradients per step, as AutoAttack prescribes
+  (torchattacks' ``eot_iter=20``), in every gradient mode: its ``own_eot_samples`` tells
+  ``robust`` to pass 20 in full/bpda (and record it); the EOT modes pass ``eot_samples``.
 
 torchattacks works on inputs in [0, 1]; jemeval's models take [-1, 1]. Each attack therefore sees
 the model behind :class:`UnitInterval` (``x01 -> model(2 * x01 - 1)``). jemeval's epsilons are
@@ -49,6 +52,8 @@ from jemeval.hookspecs import hookimpl
 
 INSTALL_HINT = "pip install 'jemeval[attacks]'"
 AA_VERSIONS = ("standard", "rand")
+#: the EOT draws AutoAttack's rand version averages per gradient (torchattacks' APGD eot_iter=20 there)
+AA_RAND_EOT = 20
 TA_NORMS = {"linf": "Linf", "l2": "L2"}
 
 
@@ -107,6 +112,8 @@ class TorchAttack:
 
     Subclasses set ``name`` and write ``build(ta, model01, eps, num_classes, seed, eot_samples)``,
     the torchattacks object for one epsilon; ``min_classes`` refuses models its loss cannot attack.
+    ``own_eot_samples``: the gradient draws the attack's definition averages itself (None: one, unless
+    the caller passes ``eot_samples``).
     """
 
     name = "torchattacks"
@@ -114,6 +121,7 @@ class TorchAttack:
     gradient_free = False
     minimization = False
     supports_eot = False
+    own_eot_samples: int | None = None
     min_classes = 2
 
     def __init__(self, norm: str, *, seed: int | None = None) -> None:
@@ -141,8 +149,9 @@ class TorchAttack:
         return self.seed if self.seed is not None else torch.initial_seed()
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: Sequence[float],
-                 eot_samples: int = 1) -> torch.Tensor:
+                 eot_samples: int | None = None) -> torch.Tensor:
         ta = import_torchattacks()
+        eot_samples = int(eot_samples) if eot_samples is not None else int(self.own_eot_samples or 1)
         num_classes = classes_of(model, x)
         if num_classes < self.min_classes:
             raise UsageError(f"attack {self.name!r} needs a model with at least {self.min_classes} classes; this one "
@@ -271,7 +280,8 @@ class CWAttack(TorchAttack):
 
 
 class AutoAttackEnsemble(TorchAttack):
-    """torchattacks' AutoAttack with jemeval's steps (and EOT draws for the rand version)."""
+    """torchattacks' AutoAttack with jemeval's steps; the rand version averages 20 gradient draws
+    (:data:`AA_RAND_EOT`) unless the caller passes ``eot_samples`` (robust's EOT modes)."""
 
     name = "autoattack"
 
@@ -282,6 +292,7 @@ class AutoAttackEnsemble(TorchAttack):
                              f"{' or '.join(AA_VERSIONS)}", param="aa_version")
         self.version = version
         self.supports_eot = version == "rand"
+        self.own_eot_samples = AA_RAND_EOT if version == "rand" else None
         self.min_classes = 4 if version == "standard" else 3
         super().__init__(norm, seed=seed)
         self.steps = check_positive("autoattack", "steps", steps)
@@ -290,9 +301,10 @@ class AutoAttackEnsemble(TorchAttack):
     @property
     def settings(self) -> dict[str, Any]:
         parts = ("apgd-ce, apgd-t, fab-t, square" if self.version == "standard"
-                 else "apgd-ce, apgd-dlr, each with eot_iter = eot_samples in the EOT gradient modes")
+                 else f"apgd-ce, apgd-dlr, each with eot_iter = {AA_RAND_EOT} (AutoAttack's rand) in the single-draw "
+                      "gradient modes (full, bpda), eot_samples in the EOT modes")
         return {**super().settings, "version": self.version, "attacks": parts, "steps": self.steps,
-                **({"queries": self.queries} if self.version == "standard" else {})}
+                **({"queries": self.queries} if self.version == "standard" else {"eot_iter_full_bpda": AA_RAND_EOT})}
 
     def build(self, ta, model01, eps, *, num_classes, seed, eot_samples):
         aa = ta.AutoAttack(model01, norm=TA_NORMS[self.norm], eps=eps, version=self.version, n_classes=num_classes,

@@ -10,6 +10,14 @@ from jemeval.hookspecs import hookimpl
 TIMM_LOADER_OPTIONS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir")
 
 
+def _size_option(model: str, name: str, value, most: int) -> int:
+    """A whole-number size option in [1, most]: beyond, a spec or a checkpoint asks for terabytes
+    (``width=10**12``), and 0 or a fraction builds an empty or silently truncated network."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not 1 <= value <= most:
+        raise UsageError(f"{model} {name} must be a whole number from 1 to {most}, got {value!r}")
+    return int(value)
+
+
 def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str | None = None,
         dropout: float = 0.0):
     """Pre-activation Wide ResNet with the JEM release's layout (depth, widen, norm none|batch, dropout)."""
@@ -19,16 +27,19 @@ def wrn(num_classes, input_shape, *, depth: int = 28, widen: int = 10, norm: str
         norm = None
     if norm not in (None, "batch"):
         raise UsageError(f"unknown WRN norm {norm!r}: choose 'none' or 'batch'")
-    if (int(depth) - 4) % 6 != 0 or int(depth) < 10:
+    depth, widen = _size_option("WRN", "depth", depth, 10_000), _size_option("WRN", "widen", widen, 1024)
+    if (depth - 4) % 6 != 0 or depth < 10:
         raise UsageError(f"WRN depth must be 6n + 4 (10, 16, 22, 28, ...), got {depth}")
-    return WRN(num_classes, input_shape, depth=int(depth), widen=int(widen), norm=norm, dropout=float(dropout))
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise UsageError(f"WRN dropout must be a probability in [0, 1), got {dropout!r}")
+    return WRN(num_classes, input_shape, depth=depth, widen=widen, norm=norm, dropout=float(dropout))
 
 
 def cnn(num_classes, input_shape, *, width: int = 32):
     """Small LeakyReLU CNN without BatchNorm, for 8x8 / 28x28 inputs (the digits default)."""
     from jemeval.builtins.small_cnn import SmallCNN
 
-    return SmallCNN(num_classes, input_shape, width=int(width))
+    return SmallCNN(num_classes, input_shape, width=_size_option("cnn", "width", width, 2**16))
 
 
 def timm_model(num_classes, input_shape, *, variant: str | None = None, **options):

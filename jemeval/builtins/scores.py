@@ -1,7 +1,8 @@
 """Built-in OOD scores (plain functions); higher = more in-distribution.
 
 * ``logpx``: log p~(x) = logsumexp f(x) (the JEM density score)
-* ``maxprob``: max_y p(y | x) (the classifier baseline, Hendrycks & Gimpel)
+* ``maxprob``: max_y p(y | x) (the classifier baseline, Hendrycks & Gimpel), in float64 as
+  exp(max_y f - logsumexp f): in float32 confident examples tie at 1.0 and the AUROC moves
 * ``maxlogit``: max_y f(x)[y]
 * ``energy``: T * logsumexp(f(x) / T), minus the free energy of Liu et al. (T = 1 equals logpx)
 * ``entropy``: minus the entropy of p(y | x) (pytorch-ood's ``Entropy``, sign flipped)
@@ -16,7 +17,9 @@
   units, as attack epsilons; 2 eps in the [-1, 1] input space) against the gradient of the
   cross-entropy of the predicted class; one forward-backward-forward per batch.
 * ``ash``: ASH (Djurisic et al. 2023, pytorch-ood's ``ASH``) on the pooled penultimate features,
-  then the energy of the head's logits; it assumes non-negative (ReLU) features.
+  then the energy of the head's logits; it assumes non-negative (ReLU) features
+  (``assumes_nonnegative_features``: ``evaluate_ood`` notes when the model's are not, e.g. after
+  LeakyReLU, where pruning the largest activations can invert the score).
 
 Scores that read only the logits (``from_logits``) or the features and logits (``from_features``)
 share the evaluation loop's one forward pass per batch. ``grid`` attributes are the
@@ -69,9 +72,16 @@ def logpx(model, x):
 
 
 def maxprob(model, x):
-    """max_y p(y|x): the top softmax probability."""
+    """max_y p(y|x): the top softmax probability, in float64."""
     with torch.no_grad():
-        return model.logits(x).softmax(dim=1).amax(dim=1)
+        return _maxprob_from_logits(model.logits(x))
+
+
+def _maxprob_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """exp(max - logsumexp) of the float64 logits: the top softmax probability without forming the
+    others, and without float32's ties at 1.0 (calibrate's probabilities are float64 too)."""
+    z = logits.double()
+    return torch.exp(z.amax(dim=1) - torch.logsumexp(z, dim=1))
 
 
 def maxlogit(model, x):
@@ -163,12 +173,13 @@ def _ash_from_features(model, features, logits, *, variant: str = "ash-s", perce
 # calls ``from_logits`` instead of the model (see jemeval.evaluation.batching); likewise
 # ``from_features(model, features, logits, **options)`` for the scores that read the features.
 logpx.from_logits = log_p
-maxprob.from_logits = lambda logits: logits.softmax(dim=1).amax(dim=1)
+maxprob.from_logits = _maxprob_from_logits
 maxlogit.from_logits = lambda logits: logits.amax(dim=1)
 energy.from_logits = _energy_from_logits
 entropy.from_logits = _entropy_from_logits
 gradnorm_huang.from_features = _gradnorm_huang_from_features
 ash.from_features = _ash_from_features
+ash.assumes_nonnegative_features = True  # pruning the largest activations presumes ReLU features
 
 # hyperparameter candidates for tune_on: pytorch-ood's hyperparameter_space (ODIN's temperature is T
 # here); energy's is OpenOOD's EBO sweep
@@ -187,4 +198,5 @@ def register_scores(register):
     register("gradnorm", gradnorm, help="-||d log p~(x)/dx||_2: JEM's approximate mass (not Huang et al.'s GradNorm)")
     register("gradnorm-huang", gradnorm_huang)
     register("odin", odin)
-    register("ash", ash)
+    register("ash", ash, help="ASH: prune the penultimate activations, then energy; assumes non-negative (ReLU) "
+                              "features (a note says when the model's are not)")

@@ -3,10 +3,12 @@
 A detector's ``state_dict()`` (tensors and plain values) is written atomically to
 ``$JEMEVAL_CACHE_DIR/detectors`` (default ``~/.cache/jemeval/detectors``) under a file named by its
 detector and the hash of its key (what :mod:`jemeval.evaluation.ood_fit` fingerprints: model weights,
-detector, options, fit data); the key is stored too and must match on reading. Files are read back
-with ``torch.load(weights_only=True)``, never as a pickle. The file I/O lives here, outside
+detector, options, fit data); the key is stored too and must match on reading, and so must the
+SHA-256 of the state (:func:`state_sha256`, stored beside it): a file whose values were changed
+after jemeval wrote it is refitted with a note, never used. Files are read back with
+``torch.load(weights_only=True)``, never as a pickle. The file I/O lives here, outside
 ``evaluation/``, which computes and returns data only. A cache file that cannot be read, or a folder
-that cannot be written, costs a refit and a warning, never the evaluation.
+that cannot be written (read-only, full), costs a refit and a warning, never the evaluation.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from jemeval.atomic import write_atomic
 from jemeval.errors import JemevalError
 
 CACHE_ENV = "JEMEVAL_CACHE_DIR"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: with the state's SHA-256 (files of format 1 have other keys: never read)
 
 
 def cache_dir() -> Path:
@@ -38,20 +40,54 @@ def cache_path(name: str, key: str) -> Path:
     return cache_dir() / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
 
 
-def load_state(detector: Any, path: Path, key: str, label: str) -> bool:
-    """Load the cached state at ``path`` into ``detector``; False when there is none to use."""
-    if not callable(getattr(detector, "load_state_dict", None)) or not path.exists():
+def state_sha256(state: Any) -> str:
+    """SHA-256 of a state dict's contents (every tensor's dtype, shape and bytes; plain values by
+    type and repr), the same before it is saved and after it is read back."""
+    h = hashlib.sha256()
+    _digest(h, state)
+    return h.hexdigest()
+
+
+def _digest(h: Any, value: Any) -> None:
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)};".encode())
+        for k in sorted(value, key=repr):
+            _digest(h, k)
+            _digest(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)};".encode())
+        for v in value:
+            _digest(h, v)
+    else:
+        h.update(f"V{type(value).__name__}:{value!r};".encode())
+
+
+def load_state(detector: Any, path: Path, key: str, label: str) -> bool | str:
+    """Load the cached state at ``path`` into ``detector``: True, False when there is none to use
+    (no file, another key), or a note (warned too) when the file is not what jemeval wrote (it is
+    then refitted and replaced)."""
+    if not callable(getattr(detector, "load_state_dict", None)) or not path.is_file():
         return False
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(saved, dict) or saved.get("key") != key:
             return False
+        if saved.get("state_sha256") != state_sha256(saved.get("state")):
+            return warn(f"cached state {str(path)!r} of score {label!r} did not match its checksum; refitted")
         detector.load_state_dict(saved["state"])
         return True
     except Exception as exc:  # an unreadable cache file is refitted, never fatal
-        warnings.warn(f"cached state {str(path)!r} of score {label!r} could not be read "
-                      f"({type(exc).__name__}: {exc}); fitting again", stacklevel=2)
-        return False
+        return warn(f"cached state {str(path)!r} of score {label!r} could not be read "
+                    f"({type(exc).__name__}: {exc}); fitting again")
+
+
+def warn(note: str) -> str:
+    warnings.warn(note, stacklevel=3)
+    return note
 
 
 def save_state(detector: Any, path: Path, key: str, label: str) -> bool:
@@ -60,7 +96,8 @@ def save_state(detector: Any, path: Path, key: str, label: str) -> bool:
         return False
     buffer = io.BytesIO()
     try:
-        torch.save({"format": CACHE_FORMAT, "key": key, "state": detector.state_dict()}, buffer)
+        state = detector.state_dict()
+        torch.save({"format": CACHE_FORMAT, "key": key, "state": state, "state_sha256": state_sha256(state)}, buffer)
         torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)  # what a later run will be able to read
     except Exception as exc:
         warnings.warn(f"the state_dict() of score {label!r} is not tensors and plain values "

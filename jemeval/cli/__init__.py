@@ -16,6 +16,7 @@ import sys
 import click
 
 from jemeval import __version__
+from jemeval.atomic import space_problem
 from jemeval.errors import JemevalError, UsageError, did_you_mean
 from jemeval.plugins import get_plugin_manager
 
@@ -64,8 +65,9 @@ class JemevalGroup(click.Group):
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(1)
+            if not _quiet_worker():  # of --nproc workers, rank 0 alone says it
+                click.echo("Aborted!", err=True)
+            sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def _invoked(self, ctx) -> click.Command | None:
@@ -80,16 +82,28 @@ class JemevalGroup(click.Group):
             raise click.UsageError(flag_message(exc, self._invoked(ctx))) from None
         except JemevalError as exc:
             raise click.ClickException(flag_message(exc, self._invoked(ctx))) from None
-        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:  # as click.Abort at once: click would print an empty line first
+            raise click.Abort() from None
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:  # a bug in jemeval or a plugin: one line unless debugging
             if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
                 raise
+            problem = space_problem(exc)  # a full disk met by a write that is not an atomic one
+            if problem is not None:
+                where = f" writing {str(exc.filename)!r}" if getattr(exc, "filename", None) else ""
+                raise click.ClickException(f"{problem}{where}: free some space or choose another location") from None
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise click.ClickException(
                 f"unexpected {type(exc).__name__}: {message} (a bug in jemeval or a plugin; "
                 f"set {DEBUG_ENV}=1 for the traceback)"
             ) from None
+
+
+def _quiet_worker() -> bool:
+    """jemeval.runtime.launch.quiet_worker without importing torch: a ``--nproc`` worker other than
+    rank 0, which leaves reporting a Ctrl-C to rank 0."""
+    return os.environ.get("JEMEVAL_RELAUNCHED") == "1" and os.environ.get("RANK", "0") != "0"
 
 
 def flag_message(exc: JemevalError, command: click.Command | None) -> str:

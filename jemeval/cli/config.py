@@ -29,6 +29,7 @@ from typing import Any
 
 import click
 
+from jemeval.cli.paths import PathOption, check_readable_kind
 from jemeval.errors import UsageError, did_you_mean
 
 #: where the loaded file's record is kept on the click context (``ctx.meta``)
@@ -36,13 +37,27 @@ CONFIG_META = "jemeval.config"
 FORMATS = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
 #: parameters a file never sets: the file itself, printing it
 NOT_FROM_FILE = frozenset({"config_file", "print_config"})
+#: the largest config file read (a mapping of option names to values is a few KB)
+MAX_BYTES = 1 << 20
+#: the values a file may give an option: what the command line could type
+SCALARS = (str, int, float, bool)
+
+
+class ConfigOption(PathOption):
+    """``--config``: an input file of the command (so no output may be written over it,
+    :func:`jemeval.cli.paths.check_paths`), whose value lives in the context's config record."""
+
+    def paths(self, ctx: click.Context) -> list[str]:
+        record = config_record(ctx)
+        return [record["file"]] if record else []
 
 
 def config_option(fn=None, *, help: str | None = None):
     """The ``--config FILE`` option (a decorator: ``@config_option`` above or below the other options)."""
     def deco(fn):
         return click.option(
-            "--config", "config_file", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+            "--config", "config_file", cls=ConfigOption, role="input", what="the config file",
+            type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
             callback=_apply_config, metavar="FILE",
             help=help or "Read options from a YAML or TOML file (keys: option names, e.g. sgld-lr: 1.0); options "
                          "given on the command line override it. Recorded in the result's provenance.")(fn)
@@ -67,7 +82,11 @@ def read_config_file(path: str | Path) -> tuple[dict[str, Any], str]:
     if kind is None:
         raise UsageError(f"config {str(p)!r}: unknown file type {p.suffix or '(none)'!r}; use a .yaml, .yml, .toml "
                          "or .json file", param="config_file")
+    check_readable_kind(p, f"config {str(p)!r}")  # a FIFO would block the read forever
     try:
+        if p.stat().st_size > MAX_BYTES:
+            raise UsageError(f"config {str(p)!r} is {p.stat().st_size:,} bytes; a config file is a small mapping of "
+                             f"option names to values (at most {MAX_BYTES:,} bytes)", param="config_file")
         data = p.read_bytes()
     except OSError as exc:
         raise UsageError(f"config {str(p)!r} cannot be read: {exc.strerror or exc}", param="config_file") from None
@@ -76,6 +95,9 @@ def read_config_file(path: str | Path) -> tuple[dict[str, Any], str]:
     except ValueError as exc:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError, bad UTF-8
         raise UsageError(f"config {str(p)!r} is not valid {kind.upper()}: {_first_line(exc)}",
                          param="config_file") from None
+    except RecursionError:  # [[[[...]]]] 100,000 deep: the parsers recurse
+        raise UsageError(f"config {str(p)!r} is nested too deeply; a config file is a mapping of option names to "
+                         "values (a section per command at most)", param="config_file") from None
     if parsed is None:
         parsed = {}
     if not isinstance(parsed, dict):
@@ -165,6 +187,10 @@ def _option_value(param: click.Parameter, value: Any, key: str, path: str | Path
     if isinstance(value, dict):
         raise UsageError(f"{where} is a mapping; give a value (a section is named after a command)",
                          param="config_file")
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, (*SCALARS, list)):  # a YAML/TOML date or time
+            raise UsageError(f"{where} is a {type(item).__name__} ({item}), not a value of this option: give a "
+                             "number or text (quote a date to pass it as text)", param="config_file")
     if getattr(param, "multiple", False) or param.nargs != 1:
         return [_text(v) for v in value] if isinstance(value, list) else [value]
     if isinstance(value, list):

@@ -46,9 +46,13 @@ def device_option(fn):
                         help="cpu, cuda, cuda:N or auto (cuda when available).")(fn)
 
 
+#: a seed every generator takes (numpy's need >= 0, torch's fit in 64 bits)
+SEED = click.IntRange(0, 2**63 - 1)
+
+
 def seed_option(default=0):
     def deco(fn):
-        return click.option("--seed", type=int, default=default, show_default=True, help="Random seed (recorded).")(fn)
+        return click.option("--seed", type=SEED, default=default, show_default=True, help="Random seed (recorded).")(fn)
     return deco
 
 
@@ -85,6 +89,17 @@ def parse_floats(value: str, what: str) -> list[float]:
         return [float(eval_fraction(v)) for v in split_list(value, what)]
     except (ValueError, ZeroDivisionError):
         raise UsageError(f"{what} must be comma-separated numbers (fractions like 8/255 are fine), "
+                         f"got {value!r}") from None
+
+
+def parse_epsilons(value: str, what: str) -> list[float | str]:
+    """Perturbation sizes: numbers or fractions, and ``max`` (the norm's largest, where every input
+    is within reach: the large-epsilon sanity check runs there)."""
+    items = split_list(value, what)
+    try:
+        return [v.strip().lower() if v.strip().lower() == "max" else float(eval_fraction(v)) for v in items]
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(f"{what} must be comma-separated numbers (fractions like 8/255 are fine) or max, "
                          f"got {value!r}") from None
 
 

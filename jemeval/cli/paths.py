@@ -1,10 +1,12 @@
 """The files a command reads and writes, checked before it runs.
 
 Options made with :func:`output_path_option`, :func:`input_path_option` and :func:`dataset_option`
-(and :func:`jemeval.cli.options.model_option`) carry their role, and :class:`Command` checks every
-output against every input before the command runs (:func:`check_paths`): no command may write over
-a file it reads, two outputs may not name one file, an output has the extension it should, and no
-output folder is created.
+(and :func:`jemeval.cli.options.model_option`, :func:`jemeval.cli.config.config_option`) carry their
+role, so the files a command reads are derived from the parsed command itself, never from a hand
+list: :class:`Command` checks every output against every input before the command runs
+(:func:`check_paths`): no command may write over a file it reads (its config file included), two
+outputs may not name one file, an output has the extension it should, no output folder is created,
+and no input is a FIFO, socket or device (reading one would block or never end).
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from typing import Any
 
 import click
 
-from jemeval.errors import JemevalError, UsageError
-from jemeval.registry import parse_spec, split_specs
+from jemeval.errors import UsageError
+from jemeval.registry import split_specs
 
 
 class _PathRole:
@@ -32,6 +34,11 @@ class _PathRole:
     def label(self) -> str:
         """How the user typed it: '--out' for an option, 'OUT' for an argument."""
         return self.opts[0] if isinstance(self, click.Option) else (self.metavar or self.name.upper())
+
+    def paths(self, ctx: click.Context) -> list[str]:
+        """The paths this parameter names in the parsed command (an option that exposes no value,
+        such as ``--config``, overrides this)."""
+        return _values(ctx.params.get(self.name))
 
 
 class PathOption(_PathRole, click.Option):
@@ -68,13 +75,14 @@ def dataset_option(*decls: str, **kwargs):
 
 
 def check_paths(ctx: click.Context) -> None:
-    """Refuse, before any work, a bad output path: a wrong extension, a missing folder, a file the
-    command reads (same path after following symlinks, or the same inode), or another output's file."""
+    """Refuse, before any work, an input that is not a regular file or folder, and a bad output path:
+    a wrong extension, a missing folder, a file the command reads (same path after following
+    symlinks, or the same inode), or another output's file."""
     params = [p for p in ctx.command.params if isinstance(p, _PathRole)]
-    outputs = [(p, value) for p in params if p.role == "output" for value in _values(ctx.params.get(p.name))]
-    if not outputs:
-        return
     inputs = list(_input_paths(ctx, params))
+    for what, label, path in inputs:
+        check_readable_kind(path, f"{label} {str(path)!r} ({what})")
+    outputs = [(p, value) for p in params if p.role == "output" for value in p.paths(ctx)]
     done: list[tuple[str, str]] = []
     for param, path in outputs:
         label = param.label
@@ -121,23 +129,31 @@ def _values(value: Any) -> list[str]:
 
 
 def _input_paths(ctx: click.Context, params: list[_PathRole]) -> Iterator[tuple[str, str, Path]]:
-    """(description, option, path) for every file the command reads, the model's default dataset included."""
-    models = []
+    """(description, option, path) for every file the parsed command reads. A checkpoint's recorded
+    training set is never among them: it is used only when it names no path
+    (:func:`jemeval.data.names_no_path`)."""
     for p in params:
-        for value in _values(ctx.params.get(p.name)):
+        for value in p.paths(ctx):
             if p.role == "input":
                 yield p.what, p.label, Path(value)
-                if p.name == "model_path":
-                    models.append(value)
             elif p.role == "dataset":
                 for spec in split_specs(value, p.label) if value.strip() else []:
                     yield from ((f"the {_kind(f)} of dataset {spec!r}", p.label, f) for f in dataset_files(spec))
-    defaulted = [p for p in params if p.role == "dataset" and ctx.params.get(p.name) is None]
-    for model in models if defaulted else []:
-        spec = checkpoint_dataset(model)
-        for f in dataset_files(spec) if spec else []:
-            yield (f"the {_kind(f)} of dataset {spec!r}, the model's training set read by default",
-                   defaulted[0].label, f)
+
+
+def check_readable_kind(path: str | os.PathLike, label: str) -> None:
+    """Refuse an existing input that is neither a regular file nor a folder (a FIFO, socket or
+    device): reading it would block forever or never end. ``label`` names it in the message."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing: the command's own loading says so
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise UsageError(f"{label} is {kind}; give a regular file")
 
 
 def _kind(path: Path) -> str:
@@ -145,38 +161,7 @@ def _kind(path: Path) -> str:
 
 
 def dataset_files(spec: str) -> list[Path]:
-    """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE, ...)."""
-    try:
-        parsed = parse_spec(spec)
-    except JemevalError:  # a malformed spec: the command reports it itself
-        return []
-    found = []
-    for text in [parsed.variant, *parsed.options.values()]:
-        if not isinstance(text, str) or not text:
-            continue
-        if Path(text).expanduser().exists():
-            found.append(Path(text).expanduser())
-        elif ":" in text:
-            found.extend(dataset_files(text))
-    return found
+    """The files and folders a dataset spec names (:func:`jemeval.data.dataset_files`)."""
+    from jemeval.data import dataset_files as files  # torch only when a command runs, never for --help
 
-
-def checkpoint_dataset(path: str) -> str | None:
-    """The dataset a checkpoint records, read lazily (memory-mapped, tensors only; a safetensors file's
-    JSON header); None when unreadable."""
-    import torch  # torch and the formats only when a command runs, never for --help
-
-    from jemeval.formats.safetensors import is_safetensors, read_header
-
-    if is_safetensors(path):
-        try:
-            dataset = read_header(path).get("dataset")
-        except JemevalError:  # the real load says why
-            return None
-        return dataset if isinstance(dataset, str) else None
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - not a zip checkpoint, missing, refused: the real load says why
-        return None
-    dataset = ckpt.get("dataset") if isinstance(ckpt, dict) else None
-    return dataset if isinstance(dataset, str) else None
+    return files(spec)

@@ -13,7 +13,10 @@ way: found if any draw misclassifies it).
 In the EOT gradient modes an attack that averages gradients over noise draws itself
 (``attack.supports_eot``, e.g. APGD's ``eot_iter``) is called with ``eot_samples=`` and attacks a
 single-draw classifier; any other attack attacks a classifier that averages its logits over
-``eot_samples`` draws.
+``eot_samples`` draws. An attack whose definition prescribes its own draws (``own_eot_samples``:
+AutoAttack's rand version, 20) gets them in the single-draw modes (full, bpda) too, and the
+records say so (:func:`run_eot`). The clean pass stops on non-finite logits (one line naming the
+model and the batch: :func:`jemeval.evaluation.batching.check_finite_outputs`).
 
 Seeds depend on the batch, never on the batches run before it (so N processes, each running some
 of the batches, give the records of one: :mod:`jemeval.runtime.shards`): on batch b the clean
@@ -36,6 +39,7 @@ from torch import nn
 
 from jemeval.components import pixel_to_model_scale
 from jemeval.errors import JemevalError
+from jemeval.evaluation.batching import check_finite_outputs
 from jemeval.evaluation.intervals import wilson_interval
 from jemeval.evaluation.threat import perturbation_norm, project_to_ball
 from jemeval.progress import ProgressArg, ProgressBar, progress_bar
@@ -92,6 +96,11 @@ class Heartbeat:
 def predict_batches(predictor: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([predictor(x[i:i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
+
+
+def logits_batches(predictor: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([predictor(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
 def validate_adversarials(adv: Any, x: torch.Tensor, epsilons: list[float], norm: str, name: str) -> torch.Tensor:
@@ -198,25 +207,47 @@ class Batches:
 
 def clean_correct(defence: Defence, ks: list[int], data: Batches, bar: ProgressBar) -> dict[int, torch.Tensor]:
     """Per K, which inputs fresh chains classify correctly (one step of the bar per batch; the
-    batches shared out over the processes, :func:`jemeval.runtime.shards.map_batches`)."""
+    batches shared out over the processes, :func:`jemeval.runtime.shards.map_batches`). Non-finite
+    logits stop here, before any attack, naming the model and the first bad batch."""
     clean: dict[int, torch.Tensor] = {}
+    sizes = [hi - lo for lo, hi in data.spans]
     for k in ks:
         bar.describe(f"robust: clean K={k}")
 
-        def one(b: int, k: int = k) -> torch.Tensor:
+        def one(b: int, k: int = k) -> tuple[torch.Tensor, torch.Tensor]:
             lo, hi = data.spans[b]
             predictor = defence.classifier(k, "full", defence.generator(1000 + k, b))
-            predicted = predict_batches(predictor, data.x[lo:hi], data.batch_size).cpu()
+            logits = logits_batches(predictor, data.x[lo:hi], data.batch_size)
             bar.update(1)
-            return predicted
+            return logits.argmax(1).cpu(), torch.isfinite(logits).all().cpu()
 
-        clean[k] = torch.cat(map_batches(one, len(data.spans))).to(data.y.device) == data.y
+        done = map_batches(one, len(data.spans))
+        check_finite_outputs("logits" + (f" after {k} refinement steps" if k else ""), [f for _, f in done],
+                             defence.model, sizes=sizes, of="the attacked test subset")
+        clean[k] = torch.cat([p for p, _ in done]).to(data.y.device) == data.y
     return clean
 
 
+def own_eot_samples(attack: Any) -> int:
+    """The noise draws an attack's definition averages per gradient itself, in any gradient mode
+    (``own_eot_samples``; AutoAttack's rand version: 20), else 1."""
+    return int(getattr(attack, "own_eot_samples", None) or 1)
+
+
 def native_eot(run: Run) -> bool:
-    """The run averages gradients over noise draws inside the attack (``attack.supports_eot``)."""
-    return run.grad_mode in EOT_MODES and bool(getattr(run.attack, "supports_eot", False))
+    """The run averages gradients over noise draws inside the attack (``attack.supports_eot``): in
+    the EOT modes, and in the single-draw modes for an attack that prescribes its own draws."""
+    if run.grad_mode == "none" or not getattr(run.attack, "supports_eot", False):
+        return False
+    return run.grad_mode in EOT_MODES or own_eot_samples(run.attack) > 1
+
+
+def run_eot(defence: Defence, run: Run) -> int | None:
+    """The noise draws averaged per gradient in a run, as its records say: None without gradients,
+    ``eot_samples`` in the EOT modes, else the attack's own (:func:`own_eot_samples`: 1 for most)."""
+    if run.grad_mode == "none":
+        return None
+    return defence.eot_samples if run.grad_mode in EOT_MODES else own_eot_samples(run.attack)
 
 
 def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: torch.Tensor, yb: torch.Tensor,
@@ -228,7 +259,7 @@ def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: to
             raw = run.attack.minimize(attacked, xb, yb).detach()
             return torch.stack([project_to_ball(xb, raw, pixel_to_model_scale(e), norm) for e in eps]), raw
         if native_eot(run):
-            return run.attack(attacked, xb, yb, eps, eot_samples=defence.eot_samples), None
+            return run.attack(attacked, xb, yb, eps, eot_samples=run_eot(defence, run)), None
         return run.attack(attacked, xb, yb, eps), None
 
 
@@ -275,8 +306,7 @@ def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Te
     correct_draws = (correct_adv & is_clean).sum((0, 2)).tolist()  # per epsilon, over draws and inputs
     clean_acc = float(is_clean.double().mean())
     settings = dict(getattr(run.attack, "settings", {}) or {})
-    mode, n = run.grad_mode, len(data.x)
-    eot = None if mode == "none" else defence.eot_samples if mode in EOT_MODES else 1
+    mode, n, eot = run.grad_mode, len(data.x), run_eot(defence, run)
     records = []
     for e, count, total in zip(data.epsilons, robust.sum(1).tolist(), correct_draws):
         low, high = wilson_interval(count, n)

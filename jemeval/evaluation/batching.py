@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from jemeval.components import is_detector
-from jemeval.data import input_shape_of, iterate_batches
+from jemeval.data import input_shape_of, iterate_batches, names_no_path
 from jemeval.errors import JemevalError, UsageError
 from jemeval.formats.load import load_model
 from jemeval.plugins import get_registry
@@ -124,6 +124,7 @@ class BatchOutputs:
     scores: dict[str, np.ndarray]  # score label -> N float64
     settings: dict[str, Any]  # sigma, noise seed, batch size: for provenance
     features: np.ndarray | None = None  # N x D float32 penultimate features (None when not kept)
+    negative_features: float | None = None  # fraction of feature values < 0 (None when no features computed)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -162,6 +163,7 @@ def run_batches(
     progress: ProgressArg = None,
     desc: str | None = None,
     before_batch: Callable[[int], Any] | None = None,
+    check_finite: bool = True,
 ) -> BatchOutputs:
     """One pass over ``dataset``: logits (and features) once per batch, every score from that batch.
 
@@ -177,6 +179,10 @@ def run_batches(
     (they enable grad themselves). ``progress``: see :mod:`jemeval.progress` (one unit per image).
     ``before_batch(b)`` runs before batch b is computed, e.g. to seed a stochastic model's stream
     for that batch (:func:`jemeval.runtime.shards.batch_seed`).
+    Non-finite logits, features or scores stop the pass with one line naming the model and the first
+    bad batch (:func:`check_finite_outputs`): finite weights can still overflow, and a metric of NaN
+    reads as a number. ``check_finite=False`` leaves that to the caller (the trainer's validation,
+    whose divergence checks own it).
     """
     check_input_sigma(sigma, "sigma")
     check_min("batch_size", batch_size, 1)
@@ -203,25 +209,52 @@ def run_batches(
         features, logits = _forward(model, x, need_logits, need_features)
         out = {s.label: _check_score(s.label, s.on_batch(model, x, logits, features), x.shape[0]) for s in scores}
         out.update({"logits": logits if keep_logits else None, "features": features if keep_features else None,
-                    "labels": y.long()})
+                    "labels": y.long()}, **_batch_summaries(logits, features))
         bar.update(x.shape[0])
         return {k: v.detach().cpu() for k, v in out.items() if v is not None}
 
     total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)
     with progress_bar(progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
         done = map_items(one, noisy_batches())
-    parts = {k: [d[k] for d in done] for k in ("logits", "features", "labels", *(s.label for s in scores))
-             if not done or k in done[0]}
+    settings = {"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)}
+    return _gather(done, model, dataset, scores, check_finite=check_finite, keep_logits=keep_logits,
+                   keep_features=keep_features, settings=settings)
+
+
+def _batch_summaries(logits: torch.Tensor | None, features: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per-batch facts computed on the device and copied with the batch's outputs (no extra sync):
+    whether the logits and features are finite, and how many feature values are negative."""
+    out = {} if logits is None else {"_finite_logits": torch.isfinite(logits).all()}
+    if features is not None:
+        out.update(_finite_features=torch.isfinite(features).all(), _negative=(features < 0).double().mean())
+    return out
+
+
+def _gather(done: list[dict[str, torch.Tensor]], model: nn.Module, dataset: Dataset, scores: Sequence[ScoreFn], *,
+            check_finite: bool, keep_logits: bool, keep_features: bool, settings: dict[str, Any]) -> BatchOutputs:
+    """The per-batch outputs of :func:`run_batches` checked (finite) and joined in dataset order."""
+    keys = ("logits", "features", "labels", "_finite_logits", "_finite_features", "_negative",
+            *(s.label for s in scores))
+    parts = {k: [d[k] for d in done] for k in keys if not done or k in done[0]}
     if not parts["labels"]:
         raise UsageError(f"dataset {getattr(dataset, 'spec', None) or ''} has no examples; choose a non-empty "
                          "dataset or class subset")
-    out_scores = {s.label: _finite_scores(s.label, torch.cat(parts[s.label]), dataset) for s in scores}
+    sizes = [len(y) for y in parts["labels"]]
+    of = str(getattr(dataset, "spec", None) or getattr(dataset, "name", None) or "the dataset")
+    if check_finite:
+        for key, what in (("_finite_logits", "logits"), ("_finite_features", "penultimate features"),
+                          *((s.label, f"score {s.label!r}") for s in scores)):
+            if key in parts:
+                check_finite_outputs(what, parts[key], model, sizes=sizes, of=of)
+    negative = (sum(float(f) * n for f, n in zip(parts["_negative"], sizes)) / sum(sizes)
+                if "_negative" in parts else None)  # the fraction of feature values < 0, over the whole pass
     return BatchOutputs(
         logits=torch.cat(parts["logits"]).numpy() if keep_logits else None,
         labels=torch.cat(parts["labels"]).numpy(),
-        scores=out_scores,
-        settings={"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)},
+        scores={s.label: _to_numpy64(torch.cat(parts[s.label])) for s in scores},
+        settings=settings,
         features=torch.cat(parts["features"]).numpy() if keep_features else None,
+        negative_features=negative,
     )
 
 
@@ -240,16 +273,38 @@ def _forward(model: nn.Module, x: torch.Tensor, need_logits: bool,
         return features.float(), logits.float()
 
 
-def _finite_scores(label: str, values: torch.Tensor, dataset: Dataset) -> np.ndarray:
-    """A score's values as float64 numpy; an overflowing model is named, not averaged into NaN."""
-    values = _to_numpy64(values)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        raise JemevalError(
-            f"score {label!r} is not finite for {int(bad.sum())} of {len(values)} examples of "
-            f"{getattr(dataset, 'spec', None) or 'the dataset'}; the model's outputs overflow there"
-        )
-    return values
+# -- non-finite outputs -----------------------------------------------------------------------------------
+def model_label(model: Any) -> str:
+    """How a message names a model: its checkpoint path when it was loaded from one (a refined
+    classifier is named by the model it refines), else its architecture."""
+    for m in (model, getattr(model, "model", None)):
+        metadata = getattr(m, "metadata", None)
+        path = ((metadata or {}).get("checkpoint") or {}).get("path") if isinstance(metadata, dict) else None
+        if path:
+            return f"checkpoint {str(path)!r}"
+    arch = getattr(model, "arch", None) or getattr(getattr(model, "model", None), "arch", None)
+    return f"the model ({arch})" if arch else f"the model ({type(model).__name__})"
+
+
+def check_finite_outputs(what: str, per_batch: Sequence[torch.Tensor | None], model: Any, *, sizes: Sequence[int],
+                         of: str | None = None, unit: str = "images") -> None:
+    """Stop at the first batch whose ``what`` holds NaN or inf, naming the model and the batch.
+
+    Every weight finite is not enough: weights x 1e30 pass the checkpoint's finite check, and the
+    logits overflow. A metric computed from them reads as a number (ECE 0.0000, NLL "-", a NaN
+    grid), so every evaluation stops instead, in one line. ``per_batch`` holds each batch's outputs
+    already on the CPU (a bool tensor: a flag the batch computed on its device), ``sizes`` the
+    number of ``unit`` in each batch, ``of`` what they are (a dataset).
+    """
+    start = 0
+    for b, (t, size) in enumerate(zip(per_batch, sizes)):
+        if t is not None and not bool(t.all() if t.dtype == torch.bool else torch.isfinite(t).all()):
+            where = f" of {of}" if of else ""
+            raise JemevalError(
+                f"{model_label(model)} gives non-finite {what} (NaN or inf) on batch {b} ({unit} {start}-"
+                f"{start + int(size) - 1}{where}): its outputs overflow although its weights are finite, and no "
+                "metric is computed from them; use a checkpoint whose outputs are finite (an earlier one, or retrain)")
+        start += int(size)
 
 
 # -- argument checks shared by the evaluation functions ------------------------------------------------
@@ -321,4 +376,17 @@ def training_dataset(model, *, param: str = "data") -> str:
     if not name:
         raise UsageError(f"the checkpoint does not record its training dataset; give {param}=DATASET "
                          "(e.g. cifar10)", param=param)
-    return str(name)
+    return recorded_dataset(str(name), param=param)
+
+
+def recorded_dataset(spec: str, *, param: str = "data") -> str:
+    """A dataset spec a checkpoint (or any file) recorded, used only when it is a plain registered name
+    (:func:`jemeval.data.names_no_path`): a downloaded checkpoint must not choose which local files a
+    command reads (``folder:/`` crawled the disk, ``npz:/etc/passwd`` was opened). Otherwise one
+    line quoting the spec, so the user can give it themselves as ``param``."""
+    if not names_no_path(spec):
+        shown = repr(spec) if any(c.isspace() or c in ",;)'\"" for c in spec) else spec  # copyable as a flag value
+        raise UsageError(f"the checkpoint records its training set as {spec!r}, not a plain dataset name (it can "
+                         "name local files); jemeval never lets a checkpoint choose which files to read: give "
+                         f"{param}={shown} (or another dataset)", param=param)
+    return spec

@@ -20,7 +20,7 @@ from jemeval.artifacts import Images
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import check_min, prepare_model
+from jemeval.evaluation.batching import check_finite_outputs, check_min, prepare_model
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
 from jemeval.results import Result
@@ -81,6 +81,7 @@ def distal(
     images, start_conf, trace = optimise(attacked, checker, y, steps=steps, lr=lr, seed=seed, progress=progress)
     with torch.no_grad():
         logits = checker(images)  # one pass: confidence and prediction from the same chains
+    check_finite_outputs("logits", [logits.detach().cpu()], model, sizes=[len(y)], of="the optimised images")
     conf = logits.softmax(1).gather(1, y.view(-1, 1)).squeeze(1)
     records = [distal_record(t, conf[i * n:(i + 1) * n], start_conf[i * n:(i + 1) * n],
                              logits.argmax(1)[i * n:(i + 1) * n], n=n, steps=steps, refine_steps=refine_steps,
@@ -101,12 +102,15 @@ def distal(
 def optimise(attacked: RefinedClassifier, checker: RefinedClassifier, y: torch.Tensor, *, steps: int, lr: float,
              seed: int, progress: ProgressArg) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """(images, confidence at the start, mean-confidence trace): Adam on U(-1, 1) pixels ascending
-    log p(y | x) of ``attacked``, clamped to [-1, 1] after every step (one progress unit each)."""
+    log p(y | x) of ``attacked``, clamped to [-1, 1] after every step (one progress unit each).
+    Non-finite logits at the start (a model whose finite weights overflow) stop before any step."""
     model, device = attacked.model, attacked.device
     x = uniform_like_shape(len(y), model.input_shape, device=device,
                            generator=torch.Generator(device=device).manual_seed(seed)).requires_grad_(True)
     with torch.no_grad():
-        start_conf = checker(x).softmax(1).gather(1, y.view(-1, 1)).squeeze(1)
+        start_logits = checker(x)
+    check_finite_outputs("logits", [start_logits.cpu()], model, sizes=[len(y)], of="the U(-1, 1) start images")
+    start_conf = start_logits.softmax(1).gather(1, y.view(-1, 1)).squeeze(1)
     opt = torch.optim.Adam([x], lr=lr)
     trace = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), frozen(model), \

@@ -13,7 +13,9 @@ verifies their weights) and its metric functions do the work; jemeval only decid
   images (checked by the SHA-256 of their pixels) and the same weights (by SHA-256) skips the
   forward passes over the reference set, the expensive part for 50,000 CIFAR-10 images. The file
   holds float arrays and a JSON string, read with ``allow_pickle=False`` (torch-fidelity's own cache
-  unpickles, so it is never used). A file that holds another reference set is refused, not replaced.
+  unpickles, so it is never used). A file that holds another reference set is refused, not replaced;
+  arrays that do not match their stored SHA-256 are computed again with a note. The same file keeps
+  the reference features of ``fidelity(features=M)``'s Frechet distance (:func:`open_ref_cache`).
 """
 from __future__ import annotations
 
@@ -133,11 +135,13 @@ def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, me
                     weights: dict[str, dict[str, Any]], feature_extractor: str | None = None, batch_size: int = 64,
                     device: torch.device | str = "cpu", seed: int = 0, isc_splits: int = 10,
                     kid_subset_size: int = 1000, ref_cache: str | os.PathLike | None = None,
-                    ref_info: dict | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                    ref_info: dict | None = None,
+                    cache: ReferenceCache | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One record per metric (``metric``, ``value``, ``std``, ``features``) and the settings used.
 
     ``weights``: extractor name -> the identity :func:`~jemeval.evaluation.inception.check_extractor_weights`
-    returned for its file (every extractor the metrics need).
+    returned for its file (every extractor the metrics need). The reference features come from
+    ``cache`` (an open :class:`ReferenceCache`), or the file ``ref_cache``, when given.
     """
     tf = require_torch_fidelity()
     device = torch.device(device)
@@ -146,9 +150,8 @@ def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, me
     options = {"isc_splits": max(1, min(isc_splits, n1)), "samples_shuffle": True, "rng_seed": seed,
                "kid_subsets": KID_SUBSETS, "kid_subset_size": min(kid_subset_size, n1, n2 or n1),
                "prc_neighborhood": PRC_NEIGHBORHOOD, "save_cpu_ram": True, "verbose": False}
-    cache = None
-    if ref_cache is not None and reference is not None:
-        cache = ReferenceCache(ref_cache, reference_identity(reference), ref_info)
+    if cache is None:
+        cache = open_ref_cache(ref_cache, reference, ref_info)
     records, settings = [], {"torch_fidelity_version": getattr(tf, "__version__", None), **options}
     for name, wanted in metric_extractors(metrics, feature_extractor).items():
         layers = _layers(name, wanted)
@@ -169,10 +172,18 @@ def library_metrics(samples: torch.Tensor, reference: torch.Tensor | None, *, me
     return sorted(records, key=lambda r: order[r["metric"]]), settings
 
 
+def open_ref_cache(ref_cache: str | os.PathLike | None, reference: torch.Tensor | None,
+                   ref_info: dict | None = None) -> ReferenceCache | None:
+    """The reference-features file ``ref_cache`` of these reference images (None without either)."""
+    if ref_cache is None or reference is None:
+        return None
+    return ReferenceCache(ref_cache, reference_identity(reference), ref_info)
+
+
 def reference_identity(images: torch.Tensor) -> dict[str, Any]:
     """What makes a reference set the same one: the SHA-256 of the uint8 RGB pixels the networks see, and the shape."""
     return {"pixels_sha256": hashlib.sha256(Uint8Images(images).x.numpy().tobytes()).hexdigest(),
             "shape": list(images.shape)}
 
 
-__all__ = ["EXTRACTORS", "LIBRARY_METRICS", "library_metrics", "metric_extractors"]
+__all__ = ["EXTRACTORS", "LIBRARY_METRICS", "library_metrics", "metric_extractors", "open_ref_cache"]

@@ -8,13 +8,16 @@ Two families of numbers, because the published ones cannot be reproduced everywh
   say little (a note says so).
 * **A Frechet distance in the feature space of any jemeval checkpoint** (``features``):
   the input of the network's final Linear layer (its penultimate features). It works offline and
-  on small images such as digits, and :func:`frechet_distance` is plain numpy.
+  on small images such as digits, and :func:`frechet_distance` is plain numpy. With ``ref_cache``
+  the reference features of each such model are kept in the same file as Inception's, keyed on the
+  model's weights and checkpoint SHA-256 and on the reference pixels (:func:`fd_cache_key`).
 
 Which samples were scored (fresh chains or replay buffer, steps, the top-confident filter) is
 part of every result: published IS/FID depend on it (the JEM paper's evaluation, docs/reproducing.md).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +28,12 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from jemeval.artifacts import Samples, load_samples
+from jemeval.caches.reference_features import ReferenceCache
 from jemeval.data import load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
-from jemeval.evaluation.batching import prepare_model
-from jemeval.evaluation.extractors import LIBRARY_METRICS, library_metrics, metric_extractors
+from jemeval.evaluation.batching import prepare_model, recorded_dataset
+from jemeval.evaluation.extractors import LIBRARY_METRICS, library_metrics, metric_extractors, open_ref_cache
 from jemeval.evaluation.inception import (
     EXTRACTORS,
     INCEPTION_FILE,
@@ -41,6 +45,7 @@ from jemeval.evaluation.inception import (
     require_torch_fidelity,
     to_uint8_rgb,
 )
+from jemeval.evaluation.ood_fit import model_fingerprint
 from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.runtime.devices import resolve_device
@@ -117,14 +122,31 @@ def extract_features(model: EnergyModel, x: torch.Tensor, batch_size: int = 256)
     return feats.double().cpu().numpy(), where
 
 
+def fd_cache_key(model: EnergyModel, reference: torch.Tensor) -> tuple[str, dict[str, Any]]:
+    """(entry name, weights identity) of ``model``'s reference features in a ref_cache file: the
+    SHA-256 of its weights (what it computes), of its checkpoint file, and of the reference pixels
+    as the network sees them (floats, finer than the file's uint8 identity)."""
+    ckpt = ((getattr(model, "metadata", None) or {}).get("checkpoint") or {}).get("sha256")
+    pixels = hashlib.sha256(reference.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest()
+    key = hashlib.sha256(f"{model_fingerprint(model)}:{ckpt}:{pixels}".encode()).hexdigest()
+    return f"fd-{key[:16]}", {"sha256": key, "checkpoint_sha256": ckpt}
+
+
 def features_fd(features_model: EnergyModel, samples: torch.Tensor, reference: torch.Tensor,
-                batch_size: int = 256) -> dict[str, Any]:
+                batch_size: int = 256, cache: ReferenceCache | None = None) -> dict[str, Any]:
     if tuple(samples.shape[1:]) != tuple(features_model.input_shape):
         raise UsageError(f"features model takes {tuple(features_model.input_shape)} images but the samples are "
                          f"{tuple(samples.shape[1:])}; use a checkpoint trained on the same kind of images",
                          param="features")
     f1, layer = extract_features(features_model, samples, batch_size)
-    f2, _ = extract_features(features_model, reference, batch_size)
+    if cache is None:
+        f2, _ = extract_features(features_model, reference, batch_size)
+    else:
+        def compute() -> dict[str, torch.Tensor]:
+            return {"penultimate": torch.from_numpy(extract_features(features_model, reference, batch_size)[0])}
+
+        name, weights = fd_cache_key(features_model, reference)
+        f2 = cache.features(name, weights, ["penultimate"], compute)["penultimate"].numpy()
     return {"value": frechet_distance_from_features(f1, f2), "layer": layer, "dim": int(f1.shape[1])}
 
 
@@ -220,7 +242,8 @@ def fidelity(
     if weights:
         require_torch_fidelity()
     x, origin = samples_and_origin(samples)
-    reference = reference if reference is not None else origin.get("dataset")
+    if reference is None and origin.get("dataset"):  # the recorded set only if it names no local file
+        reference = recorded_dataset(str(origin["dataset"]), param="reference")
     if reference is None:
         raise UsageError("no reference dataset: give reference=DATASET (e.g. digits)", param="reference")
     ref_x, ref_info = (reference_images(reference, ref_split, ref_n, seed, data_root)
@@ -230,20 +253,24 @@ def fidelity(
     records: list[dict[str, Any]] = []
     settings: dict[str, Any] = {"metrics": chosen, "samples": origin, "n_samples": len(x), "reference": ref_info,
                                 "image_shape": list(x.shape[1:])}
+    cache = open_ref_cache(ref_cache, ref_x, ref_info)  # Inception's, VGG16's and each fd model's features
     if library:
         found, lib = library_metrics(x, ref_x, metrics=library, weights=weights, feature_extractor=feature_extractor,
                                      batch_size=min(batch_size, 64), device=device, seed=seed, isc_splits=isc_splits,
-                                     kid_subset_size=kid_subset_size, ref_cache=ref_cache, ref_info=ref_info)
+                                     kid_subset_size=kid_subset_size, ref_info=ref_info, cache=cache)
         records += [{**r, "n_samples": len(x), "n_ref": None if r["metric"] == "is" else len(ref_x)} for r in found]
         settings.update(library_settings(lib, x))
         notes += [n for w in weights.values() for n in inception_notes(x, w)]
     if "fd" in chosen:
         settings["features"] = []
         for fm in feature_models:
-            record, info, note = feature_record(prepare_model(fm, device), x, ref_x, origin, batch_size)
+            record, info, note = feature_record(prepare_model(fm, device), x, ref_x, origin, batch_size, cache)
             records.append(record)
             settings["features"].append(info)
             notes += [note] if note else []
+    if cache is not None:
+        settings["ref_cache"] = cache.describe()
+        notes += cache.notes
     return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings),
                   extra={"settings": settings}, notes=notes)
 
@@ -261,9 +288,10 @@ def library_settings(lib: dict[str, Any], x: torch.Tensor) -> dict[str, Any]:
 
 
 def feature_record(model: EnergyModel, x: torch.Tensor, ref_x: torch.Tensor, origin: dict[str, Any],
-                   batch_size: int) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+                   batch_size: int, cache: ReferenceCache | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(record, settings, note or None) of the Frechet distance in ``model``'s feature space."""
-    out = features_fd(model, x, ref_x, batch_size)
+    out = features_fd(model, x, ref_x, batch_size, cache)
     ckpt = model.metadata.get("checkpoint") or {}
     label = ckpt.get("path") or f"<{model.arch}>"
     record = {"metric": "fd", "value": out["value"], "std": None, "features": label, "n_samples": len(x),

@@ -30,7 +30,7 @@ from jemeval.data import load_dataset, to_arrays
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel, log_p
 from jemeval.errors import CheckpointError, UsageError, did_you_mean
-from jemeval.evaluation.batching import check_min, prepare_model
+from jemeval.evaluation.batching import check_finite_outputs, check_min, prepare_model, training_dataset
 from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
@@ -119,7 +119,7 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
         layout = "class blocks (index = y * size // K + offset)" if targets is not None else "uniform over the buffer"
         return x0, {"source": "replay buffer", "checkpoint": where, "buffer_size": len(buf), "layout": layout}
     # init == "data": real images of any class (conditional chains then show class conversion)
-    spec = data or model.metadata.get("dataset")
+    spec = data or (model.metadata.get("dataset") and training_dataset(model, param="data"))  # never a path
     if not spec:
         raise UsageError("data must name a dataset to start chains from its images (the model's checkpoint "
                          "names none)", param="data")
@@ -139,10 +139,12 @@ def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.
 
     Batch b's noise comes from its own generator (:func:`jemeval.runtime.shards.batch_generator`), so
     the batches can run in any process (:func:`jemeval.runtime.shards.map_batches`) and give the
-    samples of one process. The trace is summed in batch order, as one process would.
+    samples of one process. The trace is summed in batch order, as one process would. Non-finite
+    samples or log p~ (a model whose finite weights overflow) stop with one line naming the batch.
     """
     n, steps = len(x0), sgld.steps
     n_batches = math.ceil(n / batch_size)
+    check_starts(model, x0, batch_size)
     with progress_bar(progress, steps * len(my_batches(n_batches)), "SGLD", unit="step") as bar:
         def one(b: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             part = slice(b * batch_size, (b + 1) * batch_size)
@@ -151,11 +153,22 @@ def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.
             return {"x": x, **describe(model, x, y, batch_size)}, trace * len(x)
 
         done = map_batches(one, n_batches)
+    sizes = [len(p["x"]) for p, _ in done]
+    for key, what in (("x", "samples"), ("log_px", "log p~(x) of its samples")):
+        check_finite_outputs(what, [p[key] for p, _ in done], model, sizes=sizes, unit="chains")
     trace_sum = torch.zeros(steps + 1)
     for _, trace in done:
         trace_sum += trace
     parts = {k: torch.cat([p[k] for p, _ in done]) for k in done[0][0]}
     return parts, trace_sum / n
+
+
+def check_starts(model: EnergyModel, x0: torch.Tensor, batch_size: int) -> None:
+    """Stop before any SGLD step when the model's logits on the first batch of chain starts are not
+    finite (finite weights that overflow): one forward instead of a whole run of NaN chains."""
+    with torch.no_grad():
+        logits = model.logits(x0[:batch_size].to(model.device)).cpu()
+    check_finite_outputs("logits", [logits], model, sizes=[len(logits)], unit="chains", of="the chain starts")
 
 
 def chain_batch(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, y: torch.Tensor | None,

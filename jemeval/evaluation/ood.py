@@ -35,6 +35,7 @@ from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
+    BatchOutputs,
     ScoreFn,
     check_input_shape,
     check_input_sigma,
@@ -114,6 +115,8 @@ def compute_ood_scores(
         out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=input_sigma, seed=seed + i,
                           batch_size=batch_size, progress=progress, desc=f"{'OOD' if i else 'ID'} {label}")
         per_set[label] = out.scores
+        if i == 0:  # scores that assume ReLU features: the model's fraction of feature values < 0
+            signs = feature_sign_checks(score_fns, out)
         settings_per_set[label] = {"n": len(out), "noise_seed": out.settings["noise_seed"],
                                    "info": getattr(ds, "info", None)}
     result = OODScores(id_name, [s.label for s in score_fns], per_set.pop(id_name), per_set)
@@ -121,6 +124,7 @@ def compute_ood_scores(
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
         "sigma": float(input_sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
         "groups": {label: group for label, _, group in sets if group is not None}, **fitting,
+        **({"feature_signs": signs} if signs else {}),
     }
     return result, settings
 
@@ -296,7 +300,42 @@ def evaluate_ood(
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
     prov = provenance(command="ood", model=model, device=model.device, seed=seed, settings=settings)
     return Result(group_records(records, settings["groups"]), prov, extra={"scores": ood_scores},
-                  notes=[METRIC_NOTE, *tuning_notes(settings.get("tuning"))])
+                  notes=[METRIC_NOTE, *tuning_notes(settings.get("tuning")),
+                         *feature_sign_notes(settings.get("feature_signs"))])
+
+
+# -- scores that assume non-negative (ReLU) features: DICE, ReAct, ASH -----------------------------
+def assumes_nonnegative_features(fn: Any) -> bool:
+    """Whether a score (function or detector) declares ``assumes_nonnegative_features``: it prunes,
+    clips or rescales the penultimate activations as if they were ReLU outputs."""
+    return bool(getattr(fn, "assumes_nonnegative_features", False))
+
+
+def feature_sign_checks(score_fns: Sequence[ScoreFn], id_outputs: BatchOutputs | None) -> dict[str, dict[str, Any]]:
+    """For each score that assumes non-negative features: the fraction of the model's feature values
+    below 0, from the features a detector was fitted on (its state's ``negative_fraction``), else
+    from the in-distribution features scored (``id_outputs``); for the provenance and the notes."""
+    checks: dict[str, dict[str, Any]] = {}
+    for s in score_fns:
+        if not assumes_nonnegative_features(s.fn):
+            continue
+        state = getattr(s.fn, "state", None) if s.detector else None
+        if isinstance(state, dict) and state.get("negative_fraction") is not None:
+            checks[s.label] = {"negative_fraction": float(state["negative_fraction"]), "measured_on": "fit features"}
+        elif id_outputs is not None and id_outputs.negative_features is not None:
+            checks[s.label] = {"negative_fraction": float(id_outputs.negative_features),
+                               "measured_on": "in-distribution features scored"}
+    return checks
+
+
+def feature_sign_notes(checks: dict[str, dict[str, Any]] | None) -> list[str]:
+    """One note per score whose ReLU assumption the model's features break (any value < 0)."""
+    return [
+        f"score {label!r} assumes non-negative (ReLU) penultimate features, but {c['negative_fraction']:.1%} of this "
+        f"model's {c['measured_on']} are negative (e.g. after LeakyReLU): its pruning/clipping then works against "
+        "the features and can invert the score (AUROC far below 0.5); compare it with energy before reading it"
+        for label, c in (checks or {}).items() if c["negative_fraction"] > 0
+    ]
 
 
 def tuning_notes(tuning: dict[str, Any] | None) -> list[str]:

@@ -10,14 +10,18 @@ A detector (:mod:`jemeval.components`) is fitted once per (model, detector, opti
 * **One pass**: detectors with ``fit_features`` share one forward pass over the fit data (features,
   logits and labels, :func:`jemeval.evaluation.batching.run_batches`); the others get the dataset.
 * **Cache**: a fitted ``state_dict()`` is stored by :mod:`jemeval.caches.detectors` (which owns the
-  files: atomic writes, ``weights_only=True`` reads), keyed by the SHA-256 of the model's weights and
-  architecture, the detector (name, plugin and its version), its options and a fingerprint of the
-  fit data (the images themselves for in-memory sets), so a second run does not refit.
+  files: atomic writes, ``weights_only=True`` reads, a checksum of the state), keyed by the SHA-256
+  of the model's weights and architecture, the detector (name, plugin and its version), its options
+  and a fingerprint of the fit data (the images themselves for in-memory sets, the contents of the
+  files a set reads), so a second run does not refit. A cached state is used only once it scores
+  two fit images (one tiny batch): a state of the right key but the wrong shapes is refitted with a
+  note instead of failing in the middle of the evaluation.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +32,22 @@ from torch.utils.data import Dataset, Subset
 
 from jemeval import __version__
 from jemeval.caches.detectors import CACHE_FORMAT, cache_path, load_state, save_state
-from jemeval.data import ArrayDataset, ClassSubset, default_val_size, load_dataset, split_indices, subsample, take
+from jemeval.data import (
+    ArrayDataset,
+    ClassSubset,
+    dataset_sha256,
+    default_val_size,
+    load_dataset,
+    split_indices,
+    subsample,
+    take,
+)
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import ScoreFn, run_batches
+from jemeval.evaluation.batching import ScoreFn, check_input_shape, run_batches
 from jemeval.evaluation.calibration import held_out_indices
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.progress import ProgressArg
+from jemeval.provenance import content_sha256
 from jemeval.runtime.shards import rank_and_world
 
 
@@ -52,6 +66,10 @@ def fit_sets(model, id_name: str, *, fit_on: str | None = None, fit_n: int | Non
     """The fit and tuning images of ``model`` (see the module docstring)."""
     spec = fit_on or id_name
     train = load_dataset(spec, "train", data_root, download, input_shape=model.input_shape)
+    try:  # as the OOD sets are checked: a wrong shape is one line, not a convolution's RuntimeError
+        check_input_shape(model, train, spec)
+    except UsageError as exc:
+        raise UsageError(f"fit_on: {exc}" if fit_on else str(exc), param="fit_on" if fit_on else "id") from None
     held = held_out_indices(model, spec, len(train))
     info: dict[str, Any] = {"data": spec, "split": "train"}
     if held is None and tune:
@@ -85,7 +103,7 @@ def model_fingerprint(model) -> str:
 
 def dataset_fingerprint(ds: Dataset) -> str:
     """SHA-256 naming a dataset's images: its spec, size and info, the images of an in-memory set, the
-    indices of a subset, the size and time of a file it reads."""
+    indices of a subset, the contents of the files it reads (its spec's files, its ``info["path"]``)."""
     h = hashlib.sha256(json.dumps([getattr(ds, "spec", None), len(ds), getattr(ds, "info", None)], sort_keys=True,
                                   default=str).encode())
     if isinstance(ds, ArrayDataset):
@@ -94,10 +112,12 @@ def dataset_fingerprint(ds: Dataset) -> str:
     elif isinstance(ds, (Subset, ClassSubset)):
         h.update(np.asarray(ds.indices, dtype=np.int64).tobytes())
         h.update(dataset_fingerprint(ds.dataset if isinstance(ds, Subset) else ds.base).encode())
+    spec = getattr(ds, "spec", None)
     path = (getattr(ds, "info", None) or {}).get("path")
+    if isinstance(spec, str):
+        h.update(f"spec files:{dataset_sha256(spec)}".encode())
     if path and Path(path).exists():
-        st = Path(path).stat()
-        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(f"path:{content_sha256([path])}".encode())
     return h.hexdigest()
 
 
@@ -123,8 +143,12 @@ class DetectorFitter:
     def _fit(self, score: ScoreFn) -> dict[str, Any]:
         key = self._key(score)
         path = cache_path(score.name, key)
-        if self.cache and load_state(score.fn, path, key, score.label):
-            return {"fit": "cached", "cache": str(path)}
+        loaded = load_state(score.fn, path, key, score.label) if self.cache else False
+        note = loaded if isinstance(loaded, str) else None
+        if loaded is True:
+            note = self._unusable(score, path)
+            if note is None:
+                return {"fit": "cached", "cache": str(path)}
         labels_needed = getattr(score.fn, "needs_labels", False)
         if callable(getattr(score.fn, "fit_features", None)):
             features, logits, labels = self._shared_outputs()
@@ -136,7 +160,26 @@ class DetectorFitter:
             score.fn.fit(self.model, self.sets.fit, **score.options)
         main = rank_and_world()[0] == 0  # under --nproc rank 0 alone writes the cache
         saved = self.cache and main and save_state(score.fn, path, key, score.label)
-        return {"fit": "fitted", "cache": str(path) if saved else None}
+        return {"fit": "fitted", "cache": str(path) if saved else None, **({"note": note} if note else {})}
+
+    def _unusable(self, score: ScoreFn, path: Path) -> str | None:
+        """None when the detector, just loaded from ``path``, scores two fit images (a finite score
+        each); else the note of its refit (warned too)."""
+        probe = take(self.sets.fit, np.arange(min(2, len(self.sets.fit))))
+        if not len(probe):
+            return None
+        try:
+            out = run_batches(self.model, probe, scores=[score], batch_size=len(probe), progress=False,
+                              check_finite=False).scores
+            values = np.asarray(out[score.label], dtype=np.float64)
+            if values.shape == (len(probe),) and np.isfinite(values).all():
+                return None
+            problem = f"gave scores of shape {values.shape}"
+        except Exception as exc:  # noqa: BLE001 - a state that does not fit the model is refitted, never fatal
+            problem = f"does not fit the model ({type(exc).__name__})"
+        note = f"cached state {str(path)!r} of score {score.label!r} {problem}; refitted"
+        warnings.warn(note, stacklevel=3)
+        return note
 
     def _shared_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._outputs is None:

@@ -47,7 +47,7 @@ from jemeval.results import Result
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.refinement import EOT_MODES, GRAD_MODES, sampler_note
 
-__all__ = ["DEFAULT_EPSILONS", "distortion_curve", "make_attack", "robust", "sanity_checks"]
+__all__ = ["DEFAULT_EPSILONS", "MAX_EPSILON", "distortion_curve", "make_attack", "robust", "sanity_checks"]
 
 #: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
 #: (almost) always fooled: a sanity check of the attack, not a realistic threat model.
@@ -55,16 +55,38 @@ DEFAULT_EPSILONS = {
     "linf": [0.0, 2 / 255, 4 / 255, 8 / 255, 16 / 255, 32 / 255, 64 / 255, 128 / 255],
     "l2": [0.0, 0.25, 0.5, 1.0, 2.0, 4.0],
 }
+#: an epsilon written "max" is the norm's largest: Linf 1, L2 the diameter of the input space,
+#: sqrt(C x H x W) in pixel units. Every image is within reach there, so the large-epsilon sanity
+#: check (:func:`jemeval.evaluation.robust_checks.reaches_everything`) runs at every K; the report's
+#: presets end their L2 lists with it, whatever the dataset's image size.
+MAX_EPSILON = "max"
+
+
+def epsilon_limit(norm: str, input_shape: Sequence[int]) -> float:
+    """The largest epsilon of ``norm`` in pixel units: Linf 1, L2 sqrt(C x H x W)."""
+    return 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape)))
+
+
+def epsilon_value(e: float | str, limit: float) -> float:
+    """One epsilon as a number: ``"max"`` is ``limit``; anything else must be a number."""
+    if isinstance(e, str) and e.strip().lower() == MAX_EPSILON:
+        return float(limit)
+    try:
+        return float(e)
+    except (TypeError, ValueError):
+        raise UsageError(f"epsilon {e!r} is not a number: give numbers in [0, 1] pixel units (e.g. 8/255 as "
+                         f"0.0314) or {MAX_EPSILON!r} for the norm's largest", param="epsilons") from None
 
 
 # -- argument checking -------------------------------------------------------------------------------
-def check_epsilons(epsilons: Iterable[float], norm: str, input_shape: Sequence[int]) -> list[float]:
-    """Epsilons in pixel units: finite, >= 0, Linf <= 1, L2 <= the largest possible L2 distance."""
-    eps = [float(e) for e in epsilons]
+def check_epsilons(epsilons: Iterable[float | str], norm: str, input_shape: Sequence[int]) -> list[float]:
+    """Epsilons in pixel units: finite, >= 0, Linf <= 1, L2 <= the largest possible L2 distance
+    (``"max"``: that largest, :data:`MAX_EPSILON`)."""
+    dims = int(np.prod(input_shape))
+    limit = epsilon_limit(norm, input_shape)
+    eps = [epsilon_value(e, limit) for e in epsilons]
     if not eps:
         raise UsageError("epsilons is empty; give e.g. 0,8/255,16/255", param="epsilons")
-    dims = int(np.prod(input_shape))
-    limit = 1.0 if norm == "linf" else math.sqrt(dims)
     for e in eps:
         if not math.isfinite(e) or e < 0 or e > limit + 1e-9:
             raise UsageError(
@@ -165,7 +187,7 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
         raise UsageError(f"robust accuracy needs labelled data, and {data!r} is unlabelled; use a labelled test set "
                          "such as digits")
     if epsilons is None:
-        limit = 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape_of(ds))))
+        limit = epsilon_limit(norm, input_shape_of(ds))
         epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
     return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm, int(batch_size))
 
@@ -179,7 +201,7 @@ def robust(
     norm: str,
     refine_steps: int | Sequence[int] = 0,
     attacks: Any = "pgd",
-    epsilons: Sequence[float] | None = None,
+    epsilons: Sequence[float | str] | None = None,
     data: str | None = None,
     n: int | None = 300,
     seed: int = 0,
@@ -202,12 +224,14 @@ def robust(
 ) -> Result:
     """Robust accuracy of ``model`` under ``attacks`` for every (K, grad mode, epsilon).
 
-    ``steps`` / ``restarts`` are offered to attacks that take them (PGD, APGD: iterations and random
-    restarts; Boundary: iterations); ``aa_version`` (standard or rand) to AutoAttack as its
-    ``version``. ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws
-    averaged per gradient; APGD averages them in its own loop). With K = 0 there is nothing to
-    differentiate through, so the full and bpda modes coincide and K = 0 is attacked once per attack
-    (recorded as ``full``). Gradient-free attacks ignore the gradient mode (recorded as ``none``).
+    ``epsilons``: [0, 1] pixel units, ``"max"`` the norm's largest (:data:`MAX_EPSILON`). ``steps`` /
+    ``restarts`` are offered to attacks that take them (PGD, APGD: iterations and random restarts;
+    Boundary: iterations); ``aa_version`` (standard or rand) to AutoAttack as its ``version``.
+    ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws averaged per
+    gradient; APGD averages them in its own loop; AutoAttack rand averages its 20 in full/bpda). With
+    K = 0 there is nothing to differentiate through, so the full and bpda modes coincide and K = 0 is
+    attacked once per attack (recorded as ``full``). Gradient-free attacks ignore the gradient mode
+    (recorded as ``none``).
     ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only
     if all of them classify it correctly (>= 5 recommended for a refined model; a deterministic
     classifier is checked once). ``chain_sigma`` (default 0) is the noise added to each chain before

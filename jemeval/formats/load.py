@@ -8,17 +8,31 @@ for provenance.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import CheckpointError, UnknownNameError, UsageError
 from jemeval.formats.foreign import foreign_model, identify_foreign, unknown_layout_error
-from jemeval.formats.native import FORMAT, FORMAT_VERSION, is_jemeval_checkpoint, load_state, read_checkpoint
+from jemeval.formats.native import (
+    FORMAT,
+    FORMAT_VERSION,
+    is_jemeval_checkpoint,
+    load_state,
+    looks_like_state_dict,
+    read_checkpoint,
+)
 from jemeval.formats.safetensors import FORMAT as SAFETENSORS_FORMAT
 from jemeval.formats.safetensors import is_safetensors, read_safetensors
 from jemeval.plugins import get_registry
@@ -34,6 +48,12 @@ _REQUIRED = {"arch": str, "num_classes": int, "input_shape": (list, tuple), "sta
 #: pretrained_cfg, ...): never taken from a checkpoint by a factory that accepts any keyword
 _PATHLIKE_OPTION = re.compile(r"path|file|dir|url|cfg|cache|hub|pretrained|checkpoint|ckpt|weights", re.IGNORECASE)
 _PLAIN = (bool, int, float, str, type(None))
+
+#: sanity bounds of the fields that size a model: beyond them a file describes no real network, only
+#: an allocation of terabytes (a header is a few bytes of JSON anyone can edit)
+MAX_CLASSES = 2**24
+MAX_INPUT_ELEMENTS = 2**31
+MAX_INPUT_DIMS = 8
 
 
 def _check_fields(obj: dict, path: str) -> None:
@@ -75,8 +95,159 @@ def checkpoint_arch_options(arch: str, options: dict, path: str) -> dict:
     return dict(options)
 
 
+def check_checkpoint_fields(obj: dict, path: str) -> None:
+    """Every field of a jemeval checkpoint (a ``.pt`` or a safetensors header read as one) that sizes
+    or feeds the model, checked before anything is built: ``num_classes``, ``input_shape``,
+    ``normalization``, ``classes``, ``dataset``, ``config``, ``provenance``.
+
+    The file may come from anywhere, and each of these once went through unchecked: a std of 0 gave
+    accuracy 0.0000 with exit code 0, a one-name ``classes`` list was accepted for ten outputs, an
+    input of 10**12 pixels reached an allocation. Each refusal is one line naming the file and the field.
+    """
+    k = obj["num_classes"]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_CLASSES:
+        raise CheckpointError(f"{path!r} records num_classes {k!r}: it must be a whole number from 1 to "
+                              f"{MAX_CLASSES} (one per output of the network)")
+    shape = obj["input_shape"]
+    if not shape or len(shape) > MAX_INPUT_DIMS or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+        raise CheckpointError(f"{path!r}: input_shape {list(shape)!r} is not a list of positive integers (1 to "
+                              f"{MAX_INPUT_DIMS} of them, e.g. [3, 32, 32])")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise CheckpointError(f"{path!r} records input_shape {list(shape)!r}: {math.prod(shape):,} values per "
+                              f"image, more than the {MAX_INPUT_ELEMENTS:,} any model jemeval evaluates takes")
+    _check_normalization(obj.get("normalization"), shape[0], path)
+    classes = obj.get("classes")
+    if classes is not None and (not isinstance(classes, (list, tuple)) or len(classes) != k
+                                or not all(isinstance(c, str) for c in classes)):
+        what = (f"{len(classes)} name{'s' * (len(classes) != 1)}" if isinstance(classes, (list, tuple))
+                else f"a {type(classes).__name__}")
+        raise CheckpointError(f"{path!r} records classes as {what} for a model with {k} outputs: it must be "
+                              f"a list of {k} strings (one name per class) or absent")
+    for key, kinds in (("dataset", (str,)), ("config", (dict,)), ("provenance", (dict,))):
+        if obj.get(key) is not None and not isinstance(obj[key], kinds):
+            raise CheckpointError(f"{path!r} records {key} as a {type(obj[key]).__name__}, not a "
+                                  f"{kinds[0].__name__}")
+
+
+def _check_normalization(norm: Any, channels: int, path: str) -> None:
+    """``normalization``: None, or ``{"mean": ..., "std": ...}`` with one finite value per input channel
+    (or one for all), every std > 0: the model divides its input by std."""
+    if norm is None:
+        return
+    if not isinstance(norm, dict) or set(norm) != {"mean", "std"}:
+        found = sorted(norm) if isinstance(norm, dict) else type(norm).__name__
+        raise CheckpointError(f"{path!r} records normalization {found!r}: it must be null or a dict with exactly "
+                              "'mean' and 'std'")
+    for key in ("mean", "std"):
+        values = norm[key].flatten().tolist() if torch.is_tensor(norm[key]) else norm[key]
+        values = values if isinstance(values, (list, tuple)) else [values]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if not numbers or len(values) not in {1, channels}:
+            count = "1 number" if channels == 1 else f"1 or {channels} numbers (one per input channel)"
+            raise CheckpointError(f"{path!r} records normalization {key} {values!r}: it must be {count}")
+        if not all(math.isfinite(v) for v in values) or (key == "std" and min(values) <= 0):
+            raise CheckpointError(f"{path!r} records normalization {key} {values!r}: every value must be finite"
+                                  + (" and > 0 (the model divides its input by it)" if key == "std" else ""))
+
+
+class _OverBudget(Exception):
+    """Raised from a registration hook when a network being built outgrows its checkpoint's weights."""
+
+
+@contextmanager
+def _size_budget(limit: int) -> Iterator[dict]:
+    """Count the values of every parameter and buffer registered while the block runs; past ``limit``,
+    raise :class:`_OverBudget` (at registration, before a CPU tensor's pages are ever written).
+    The yielded dict's ``"exceeded"`` stays set even if a factory swallows the exception."""
+    seen = {"total": 0, "exceeded": False}
+
+    def count(module: Any, name: str, tensor: Any) -> None:
+        if tensor is not None:
+            seen["total"] += tensor.numel()
+            if seen["total"] > limit:
+                seen["exceeded"] = True
+                raise _OverBudget(seen["total"])
+
+    handles = [register_module_parameter_registration_hook(count), register_module_buffer_registration_hook(count)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _build(obj: dict, options: dict, path: str) -> EnergyModel:
+    try:
+        return create_model(
+            obj["arch"], obj["num_classes"], obj["input_shape"],
+            normalization=obj.get("normalization"),
+            metadata={"dataset": obj.get("dataset"), "provenance": obj.get("provenance") or {},
+                      "config": obj.get("config") or {}, "source_format": FORMAT},
+            **options,
+        )
+    except UsageError as exc:  # options the factory itself refuses (a WRN depth that is not 6n + 4, ...)
+        raise CheckpointError(f"{path!r} records an architecture jemeval cannot build: {exc}") from None
+
+
+def _architecture_error(obj: dict, options: dict, path: str, why: str) -> CheckpointError:
+    return CheckpointError(f"{path!r} records architecture {obj['arch']!r} with arch_options {options}, num_classes "
+                           f"{obj['num_classes']} and input_shape {list(obj['input_shape'])}: {why}")
+
+
+def build_for_state(obj: dict, options: dict, path: str) -> EnergyModel:
+    """The model a checkpoint describes, built only once it is known to fit the checkpoint's weights.
+
+    The network is first built on the ``meta`` device (no memory) under a size budget of twice the
+    file's tensors: options such as ``width: 10**12`` would otherwise ask for terabytes, and a model
+    larger than the file's weights cannot load them anyway. Its tensor dtypes must equal the file's
+    (an ``I32`` tensor for a float weight gave accuracy 0.06). The real build runs under the same
+    budget, which also guards a plugin network that cannot be built on ``meta``.
+    """
+    state = obj["state_dict"]
+    if not looks_like_state_dict(state):
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: its state_dict is not a dict of named tensors")
+    held = sum(int(t.numel()) for t in state.values())
+    limit = 2 * held + 2**22
+    too_big = (f"that network would hold more than {limit:,} values (parameters and buffers) where the file's "
+               f"weights hold {held:,}, so it cannot be the file's model; refused before allocating it")
+    try:
+        with _size_budget(limit) as seen, torch.device("meta"):
+            expected = _build(obj, options, path).net.state_dict()
+    except _OverBudget:
+        raise _architecture_error(obj, options, path, too_big) from None
+    except CheckpointError:
+        raise
+    except Exception:  # noqa: BLE001 - a network that cannot be built on meta: the budgeted CPU build decides
+        expected = {}
+    if seen["exceeded"]:
+        raise _architecture_error(obj, options, path, too_big)
+    for key, tensor in state.items():
+        if key in expected and expected[key].dtype != tensor.dtype:
+            raise CheckpointError(f"{path!r} stores tensor {key!r} as {str(tensor.dtype).removeprefix('torch.')}, "
+                                  f"but architecture {obj['arch']!r} holds "
+                                  f"{str(expected[key].dtype).removeprefix('torch.')} there: the file was altered "
+                                  "or written by another tool; export the model again with `jemeval export`")
+    try:
+        with _size_budget(limit) as seen:
+            model = _build(obj, options, path)
+    except _OverBudget:
+        raise _architecture_error(obj, options, path, too_big) from None
+    except (RuntimeError, MemoryError, OverflowError, ValueError) as exc:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise _architecture_error(obj, options, path, f"jemeval cannot build it ({detail})") from None
+    if seen["exceeded"]:
+        raise _architecture_error(obj, options, path, too_big)
+    return model
+
+
 def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | torch.device = "cpu") -> EnergyModel:
-    """Build the EnergyModel a loaded checkpoint object describes (either format)."""
+    """Build the EnergyModel a loaded checkpoint object describes (either format).
+
+    A ``.pt`` and a ``.safetensors`` file (read as the same dict) pass the same checks here: field
+    types, :func:`check_checkpoint_fields`, the options' allow-list, :func:`build_for_state`, and
+    :func:`~jemeval.formats.native.load_state` (names, shapes, finite values).
+    """
     device = resolve_device(device)
     if is_jemeval_checkpoint(obj):
         if not isinstance(obj.get("format_version", 0), int):
@@ -85,17 +256,9 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
             raise CheckpointError(f"{path!r} was written by a newer jemeval (format {obj['format_version']}); "
                                   "upgrade jemeval")
         _check_fields(obj, path)
+        check_checkpoint_fields(obj, path)
         options = checkpoint_arch_options(obj["arch"], obj.get("arch_options") or {}, path)
-        try:
-            model = create_model(
-                obj["arch"], obj["num_classes"], obj["input_shape"],
-                normalization=obj.get("normalization"),
-                metadata={"dataset": obj.get("dataset"), "provenance": obj.get("provenance", {}),
-                          "config": obj.get("config", {}), "source_format": FORMAT},
-                **options,
-            )
-        except UsageError as exc:  # options the factory itself refuses (a WRN depth that is not 6n + 4, ...)
-            raise CheckpointError(f"{path!r} records an architecture jemeval cannot build: {exc}") from None
+        model = build_for_state(obj, options, path)
         load_state(model, obj["state_dict"], path)
         return model.to(device).eval()
 

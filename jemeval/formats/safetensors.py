@@ -11,7 +11,9 @@ metadata entry, ``"jemeval"``: a JSON object with everything needed to rebuild t
 
 :func:`jemeval.load_model` reads such a file back (:func:`read_safetensors` turns it into the dict
 of a jemeval checkpoint, so the same checks apply: the architecture must be registered, its options
-pass :func:`jemeval.formats.load.checkpoint_arch_options`' allow-list, weights must be finite and
+pass :func:`jemeval.formats.load.checkpoint_arch_options`' allow-list, every field is checked against
+the architecture by :func:`jemeval.formats.load.check_checkpoint_fields` and
+:func:`jemeval.formats.load.build_for_state` (tensor dtypes, sizes), weights must be finite and
 match). Reading never runs code: safetensors holds raw tensors and the header is JSON.
 """
 from __future__ import annotations
@@ -134,10 +136,8 @@ def _check_header(header: Any, path: str) -> dict[str, Any]:
         if key in header and (not isinstance(header[key], kinds) or isinstance(header[key], bool)):
             raise CheckpointError(f"{path!r} has a damaged jemeval header ({key!r} is a "
                                   f"{type(header[key]).__name__})")
-    shape = header["input_shape"]
-    if not shape or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
-        raise CheckpointError(f"{path!r} has a damaged jemeval header (input_shape {shape!r} is not a list of "
-                              "positive integers)")
+    # the values (num_classes, input_shape, normalization, classes, tensor dtypes against the architecture)
+    # are checked by load_model for a .pt and a .safetensors file alike: jemeval.formats.load.model_from_checkpoint
     return header
 
 

@@ -11,6 +11,7 @@ fails for one model is shown with its one-line error and the rest is still writt
     DIR/report.json   every record with ``section`` and ``model`` keys, each run's provenance
     DIR/figures/      reliability, ROC, robustness (models overlaid), score histograms, sample grids
     DIR/cache/        the per (model, section) results
+    DIR/.jemeval-report.json   the files the report wrote (only those are ever replaced or removed)
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ import torch
 
 from jemeval.atomic import write_text_atomic
 from jemeval.errors import UsageError
+from jemeval.evaluation.batching import recorded_dataset
 from jemeval.formats.load import load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
 from jemeval.provenance import file_sha256, provenance
-from jemeval.reports.cache import Entry, claim_folder, load_entry, save_entry
+from jemeval.reports.cache import PRODUCTS, Entry, ReportFolder, claim_folder, load_entry, save_entry
 from jemeval.reports.document import to_html, to_markdown
-from jemeval.reports.figures import draw_figures
+from jemeval.reports.figures import draw_figures, is_figure_name
 from jemeval.reports.page import ModelInfo, report_blocks
 from jemeval.reports.sections import failure, run_section
 from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
@@ -101,7 +103,7 @@ def common_dataset(models: list[ModelInfo]) -> str:
     if len(found) > 1:
         raise UsageError(f"the models were trained on different datasets ({', '.join(found)}); give data=DATASET to "
                          "evaluate them all on one", param="data")
-    return found[0]
+    return recorded_dataset(found[0], param="data")  # a plain name only: a checkpoint never picks files to read
 
 
 def prefixed(progress: ProgressArg, prefix: str):
@@ -110,10 +112,12 @@ def prefixed(progress: ProgressArg, prefix: str):
     return lambda total, desc, **kw: inner(total, f"{prefix} {desc}", **kw)
 
 
-def compute(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]], device: torch.device, *,
-            force: bool, progress: ProgressArg) -> dict[tuple[str, str], Entry]:
-    """Every (model, section) Entry: from the cache when its settings match (and not ``force``), else
-    computed and cached at once; a failure becomes the Entry's one-line error.
+def compute(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]], device: torch.device, *,
+            force: bool, progress: ProgressArg, dataset: str | None = None) -> dict[tuple[str, str], Entry]:
+    """Every (model, section) Entry: from the cache when its settings match (and not ``force``) and it
+    is what jemeval wrote, else computed and cached at once (the Entry's ``note`` says why a cached
+    one was not used); a failure becomes the Entry's one-line error. The cache key covers ``dataset``
+    (the sections' default data) as it covers the data the options name.
 
     Under torchrun every rank computes every section together (the sections share out their batches);
     rank 0 decides what the cache holds and alone writes it, and the ranks agree on every error.
@@ -124,10 +128,13 @@ def compute(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
         for section, options in plan.items():
             for m in models:
                 bar.describe(f"report: {section} {m.name}")
-                key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(device))
-                entry = None if force else load_entry(out, section, m.sha256, key)
+                key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(device),
+                                    datasets=[dataset] if dataset else [])
+                notes: list[str] = []
+                entry = None if force else load_entry(folder.path, section, m.sha256, key, notes)
                 if not D.main_value(entry is not None):
-                    entry = compute_entry(out, section, m, options, key, device, progress, write=writes)
+                    entry = compute_entry(folder, section, m, options, key, device, progress, write=writes)
+                    entry.note = notes[0] if notes else None
                 elif entry is None:  # rank 0's cache hit (this rank writes nothing, so needs no Results)
                     entry = Entry(section, m.sha256, cached=True)
                 entries[(m.name, section)] = entry
@@ -135,8 +142,8 @@ def compute(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
     return entries
 
 
-def compute_entry(out: Path, section: str, m: ModelInfo, options: dict[str, Any], key: str, device: torch.device,
-                  progress: ProgressArg, *, write: bool) -> Entry:
+def compute_entry(folder: ReportFolder, section: str, m: ModelInfo, options: dict[str, Any], key: str,
+                  device: torch.device, progress: ProgressArg, *, write: bool) -> Entry:
     """One (model, section) computed now, and cached when ``write``; a failure is its one-line error
     (agreed on by every rank: :func:`jemeval.runtime.distributed.shared_error`)."""
     start = time.perf_counter()
@@ -145,7 +152,7 @@ def compute_entry(out: Path, section: str, m: ModelInfo, options: dict[str, Any]
                            progress=prefixed(progress, f"[{m.name} {section}]"))
         if not write:
             return Entry(section, m.sha256, runs=runs, seconds=round(time.perf_counter() - start, 3))
-        return save_entry(out, section, m.sha256, key, runs, time.perf_counter() - start)
+        return save_entry(folder, section, m.sha256, key, runs, time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - reported in the page; the other sections go on
         seconds = round(time.perf_counter() - start, 3)
         return Entry(section, m.sha256, error=failure(D.shared_error(exc)), seconds=seconds)
@@ -197,8 +204,9 @@ def report(
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
     dev = resolve_device(device)
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
-    folder = claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT) if main else Path(out)
-    entries = compute(folder, infos, plan, dev, force=force, progress=progress)
+    folder = (claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name) if main
+              else ReportFolder(out))  # the other ranks read the cache, never write
+    entries = compute(folder, infos, plan, dev, force=force, progress=progress, dataset=dataset)
     prov = provenance(command="report", device=dev, seed=int(seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset}
@@ -206,23 +214,28 @@ def report(
     if config is not None:
         prov["config"] = dict(config)
     if not main:
+        out = folder.path
         return ReportResult([], prov, extra={"runs": [], "errors": []},  # rank 0's report has everything
-                            paths={"dir": folder, "markdown": folder / "report.md", "html": folder / "report.html",
-                                   "json": folder / "report.json"})
+                            paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
+                                   "json": out / "report.json"})
     return write_report(folder, infos, plan, entries, prov, preset=preset)
 
 
-def write_report(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
+def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
                  entries: dict[tuple[str, str], Entry], prov: dict[str, Any], *, preset: str) -> ReportResult:
-    """Assemble the records, draw the figures, write report.md/.html/.json; the ReportResult."""
+    """Assemble the records, draw the figures, write report.md/.html/.json; the ReportResult. Its
+    notes name the failed sections and the cached entries that were recomputed (and why)."""
+    out = folder.path
     outcomes: dict[str, dict[str, list[Result]]] = {s: {} for s in plan}
     errors: dict[str, dict[str, str]] = {s: {} for s in plan}
-    records, runs, failed, status = [], [], [], []
+    records, runs, failed, status, recomputed = [], [], [], [], []
     for section in plan:
         for m in models:
             entry = entries[(m.name, section)]
             state = "failed" if entry.error else "cached" if entry.cached else "computed"
             status.append({"model": m.name, "section": section, "status": state, "seconds": entry.seconds})
+            if entry.note:
+                recomputed.append(f"{m.name} / {section}: {entry.note}")
             if entry.error:
                 errors[section][m.name] = entry.error
                 failed.append({"section": section, "model": m.name, "error": entry.error})
@@ -232,11 +245,11 @@ def write_report(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, A
                 records += [{"section": section, "model": m.name, **r} for r in result.records]
                 runs.append({"section": section, "model": m.name, "seconds": entry.seconds,
                              **{k: v for k, v in result.to_dict().items() if k != "records"}})
-    figures = draw_figures(out, outcomes)
+    figures = draw_figures(folder, outcomes)
     title = "jemeval report: " + " vs ".join(m.name for m in models)
     blocks = report_blocks(title=title, preset=preset, models=models, plan=plan, outcomes=outcomes, errors=errors,
                            figures=figures, provenance=prov, out=out)
-    notes = [f"{f['model']} / {f['section']}: failed: {f['error']}" for f in failed]
+    notes = [f"{f['model']} / {f['section']}: failed: {f['error']}" for f in failed] + recomputed
     result = ReportResult(records, prov, extra={"runs": runs, "errors": failed}, notes=notes,
                           results={m.name: {s: outcomes[s][m.name] for s in plan if m.name in outcomes[s]}
                                    for m in models},
@@ -244,8 +257,9 @@ def write_report(out: Path, models: list[ModelInfo], plan: dict[str, dict[str, A
                           status=status)
     paths = {"dir": out, "markdown": out / "report.md", "html": out / "report.html", "json": out / "report.json",
              "figures": [p for figs in figures.values() for p, _, error in figs if error is None]}
-    write_text_atomic(paths["markdown"], to_markdown(blocks))
-    write_text_atomic(paths["html"], to_html(blocks, title))
-    result.save_json(paths["json"])
+    folder.record(*PRODUCTS)
+    write_text_atomic(folder.target("report.md"), to_markdown(blocks))
+    write_text_atomic(folder.target("report.html"), to_html(blocks, title))
+    result.save_json(folder.target("report.json"))
     result.paths = paths
     return result

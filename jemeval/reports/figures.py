@@ -15,12 +15,19 @@ from jemeval.plots import pyplot
 from jemeval.plots.grids import save_samples_grid
 from jemeval.plots.ood import plot_score_histograms
 from jemeval.plots.report import plot_reliability_overlay, plot_robustness_overlay, plot_roc_overlay
-from jemeval.reports.cache import FIGURES
+from jemeval.reports.cache import FIGURES, ReportFolder
 from jemeval.reports.sections import failure
 from jemeval.results import Result
 
 #: section -> {model: [Result, ...]} (the models whose section succeeded)
 Outcomes = dict[str, dict[str, list[Result]]]
+#: every name :func:`figure_plan` gives a figure (a folder of jemeval 0.1/0.2 is recognised by them)
+FIGURE_NAME = re.compile(r"calibration-reliability\.png|ood-roc\.png|robust\.png|"
+                         r"(?:ood-histograms|samples)-[1-9][0-9]*-[A-Za-z0-9_.-]+\.png")
+
+
+def is_figure_name(name: str) -> bool:
+    return FIGURE_NAME.fullmatch(name) is not None
 
 
 def slug(name: str) -> str:
@@ -64,21 +71,23 @@ def figure_plan(outcomes: Outcomes) -> list[tuple[str, str, str, Callable[[Path]
     return plan
 
 
-def draw_figures(out: Path, outcomes: Outcomes) -> dict[str, list[tuple[Path, str, str | None]]]:
-    """Draw every figure into ``out``/figures; section -> [(path, caption, error or None)]. PNGs
-    left there by an earlier run that this one did not draw are removed (the folder is the report's)."""
-    folder = out / FIGURES
+def draw_figures(folder: ReportFolder, outcomes: Outcomes) -> dict[str, list[tuple[Path, str, str | None]]]:
+    """Draw every figure into DIR/figures; section -> [(path, caption, error or None)]. Figures an
+    earlier run drew that this one did not are removed: only those the folder's manifest lists (files
+    jemeval wrote), never a user's file, never through a symbolic link."""
+    plan = figure_plan(outcomes)
+    folder.record(*[f"{FIGURES}/{name}" for _, name, _, _ in plan])
     drawn: dict[str, list[tuple[Path, str, str | None]]] = {}
-    for section, name, caption, draw in figure_plan(outcomes):
-        path = folder / name
+    for section, name, caption, draw in plan:
+        path = folder.target(f"{FIGURES}/{name}")
         try:
             draw(path)
             drawn.setdefault(section, []).append((path, caption, None))
         except Exception as exc:  # noqa: BLE001 - a figure's failure is shown in the page, the rest is written
             pyplot().close("all")
             drawn.setdefault(section, []).append((path, caption, failure(exc)))
-    keep = {p for figures in drawn.values() for p, _, error in figures if error is None}
-    for old in folder.glob("*.png"):
-        if old not in keep:
-            old.unlink(missing_ok=True)
+    keep = {f"{FIGURES}/{p.name}" for figures in drawn.values() for p, _, error in figures if error is None}
+    for rel in sorted(folder.files):
+        if rel.startswith(f"{FIGURES}/") and rel not in keep:
+            folder.remove(rel)
     return drawn

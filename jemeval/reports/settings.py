@@ -27,7 +27,7 @@ from jemeval.evaluation.accuracy import evaluate
 from jemeval.evaluation.calibration import calibrate
 from jemeval.evaluation.generation import sample
 from jemeval.evaluation.ood import DEFAULT_SCORES, evaluate_ood
-from jemeval.evaluation.robustness import robust
+from jemeval.evaluation.robustness import DEFAULT_EPSILONS, MAX_EPSILON, robust
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import _plain
 
@@ -48,8 +48,12 @@ PAPER_OOD = {
     "cifar100": ["svhn", "cifar10", "celeba", "interp", "uniform", "constant"],
     "svhn": ["cifar10", "cifar100", "celeba", "interp", "uniform", "constant"],
 }
-#: epsilons per norm in [0, 1] pixel units
-QUICK_EPSILONS = {"l2": [0.0, 0.5, 1.0, 2.0], "linf": [0.0, 2 / 255, 8 / 255, 16 / 255]}
+#: epsilons per norm in [0, 1] pixel units. Each list ends at the norm's largest epsilon (Linf 1, L2
+#: "max": the input's diameter, whatever the image size), where every image is within reach: only
+#: there does the large-epsilon sanity check (evaluation/robust_checks.py) judge a refined model
+#: (K > 0), which otherwise may look robust because its randomness undoes the adversarials.
+QUICK_EPSILONS = {"l2": [0.0, 0.5, 1.0, 2.0, MAX_EPSILON], "linf": [0.0, 2 / 255, 8 / 255, 16 / 255, 1.0]}
+PAPER_EPSILONS = {"l2": [*DEFAULT_EPSILONS["l2"], MAX_EPSILON], "linf": [*DEFAULT_EPSILONS["linf"], 1.0]}
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # two digits models on 2 CPU cores in minutes: the whole test set for the cheap sections, a
@@ -68,7 +72,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "calibration": {"temperature_scaling": True, "input_sigma": 0.03},
         "ood": {"scores": list(DEFAULT_SCORES), "input_sigma": 0.03},
         "robust": {"norm": ["l2", "linf"], "refine_steps": [0, 1, 10], "n": 300, "steps": 100, "restarts": 20,
-                   "chain_sigma": 0.03},
+                   "chain_sigma": 0.03, "epsilons": PAPER_EPSILONS},
         "samples": {"classes": "all", "n": 100, "steps": 100},
     },
 }
@@ -165,10 +169,34 @@ def epsilons_for(epsilons: Any, norm: str) -> Any:
     return epsilons.get(norm) if isinstance(epsilons, dict) else epsilons
 
 
-def settings_hash(section: str, options: Mapping[str, Any], *, checkpoint_sha256: str, device: str) -> str:
-    """The cache key of one (model, section) result: what was computed, on which weights, where."""
-    from jemeval import __version__
+def settings_hash(section: str, options: Mapping[str, Any], *, checkpoint_sha256: str, device: str,
+                  datasets: Sequence[str] = ()) -> str:
+    """The cache key of one (model, section) result: what was computed, on which weights, where.
 
-    text = json.dumps({"section": section, "options": _plain(dict(options)), "checkpoint": checkpoint_sha256,
-                       "device": device, "jemeval": __version__}, sort_keys=True)
+    What was computed includes the contents of every file or folder a dataset spec in the options
+    names (``npz:d.npz``, ``folder:DIR``, in ``data``, ``ood``, ``fit_on``, any option) and in
+    ``datasets`` (the dataset the sections default to: the models' recorded training set), by
+    :func:`jemeval.data.dataset_sha256`: a data file replaced at the same path is another key, so a
+    report never shows the numbers of the file it replaced. Registered sets are known by their name.
+    """
+    import secrets
+
+    from jemeval import __version__
+    from jemeval.data import dataset_sha256
+
+    def specs(value: Any) -> list[str]:
+        if isinstance(value, str):  # a spec, or a comma list of specs ("uniform,npz:d.npz")
+            return [value, *split_specs(value, "options")] if ":" in value else []
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+        return [spec for v in values for spec in specs(v)]
+
+    plain = _plain(dict(options))
+    data: dict[str, str | None] = {}
+    for spec in dict.fromkeys(specs(plain) + specs(list(datasets))):
+        try:
+            data[spec] = dataset_sha256(spec)
+        except OSError:  # unreadable: a key no entry can match (loading the set reports why)
+            data[spec] = "unreadable " + secrets.token_hex(8)
+    text = json.dumps({"section": section, "options": plain, "checkpoint": checkpoint_sha256, "device": device,
+                       "jemeval": __version__, "data_sha256": {k: v for k, v in data.items() if v}}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -23,8 +24,18 @@ import torch
 from jemeval.errors import UsageError
 from jemeval.runtime.distributed import available_cpus
 
-#: exit statuses of a worker that already said why in one line (click's: 1 error, 2 usage error)
-EXPLAINED_EXITS = (1, 2)
+#: exit statuses of a worker that already said why in one line (click's: 1 error, 2 usage error),
+#: or that was interrupted (130: Ctrl-C, said once by the process the user started)
+EXPLAINED_EXITS = (1, 2, 130)
+#: set in the workers :func:`relaunch` starts: their stderr is the user's terminal, so only rank 0
+#: reports a Ctrl-C (:func:`quiet_worker`); the launcher and the user's own process say nothing
+RELAUNCHED_ENV = "JEMEVAL_RELAUNCHED"
+
+
+def quiet_worker() -> bool:
+    """True in a worker that :func:`relaunch` started, other than rank 0: it says nothing of a
+    Ctrl-C (rank 0 says it once for all of them)."""
+    return os.environ.get(RELAUNCHED_ENV) == "1" and os.environ.get("RANK", "0") != "0"
 
 
 def launched_by_torchrun(nproc: int | None) -> bool:
@@ -63,25 +74,33 @@ def relaunch(nproc: int, args: list[str], command: str = "train") -> int:
                          f"--nproc-per-node {nproc} -m jemeval {command} ... instead", param="nproc")
     cmd = [sys.executable, "-m", "jemeval.runtime.launch", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "jemeval", *args]
-    env = dict(os.environ)
+    env = {**os.environ, RELAUNCHED_ENV: "1"}
     env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // nproc)))
+    proc = subprocess.Popen(cmd, env=env)
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:  # the workers got the signal too: they save what they must and stop
-        return 130
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the launcher and the workers
+        try:  # stop by themselves (a training run saves last.pt first; rank 0 says so): wait for them
+            return proc.wait()
+        except KeyboardInterrupt:  # a second Ctrl-C: the launcher ends its workers
+            proc.send_signal(signal.SIGTERM)
+            return proc.wait()
 
 
 def run_workers(argv: list[str]) -> int:
     """``torch.distributed.run`` with ``argv``; the first failed worker's exit status, and one line
     only when that worker could not say why itself (a crash or a signal, not a jemeval error)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its report is a traceback
+    logging.disable(logging.ERROR)  # its report is a traceback, its Ctrl-C a warning: the workers say why
     parser = get_args_parser()
     parser.allow_abbrev = False  # else the command's own --n would be taken for the launcher's --nnodes
     try:
         run(parser.parse_args(argv))
+    except SignalException:  # Ctrl-C or SIGTERM: the workers were stopped; the parent says so once
+        return 130
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from jemeval.plots.grids import grid_image
+from jemeval.runtime.launch import quiet_worker
 from jemeval.training.loggers import Loggers, open_loggers
 from jemeval.training.metrics_log import MetricsLog
 from jemeval.training.runstate import EpochStats, Progress
@@ -116,7 +117,10 @@ class Reporter:
 
     @staticmethod
     def signal_received(name: str) -> None:
-        """Said by every process that got the signal (each saves its part of last.pt)."""
+        """Said by every process that got the signal (each saves its part of last.pt), except the
+        workers of ``--nproc`` other than rank 0 (one terminal: rank 0 says it for all)."""
+        if quiet_worker():
+            return
         print(f"\njemeval train: {name} received; saving last.pt after this iteration (again to abort)",
               file=sys.stderr, flush=True)
 

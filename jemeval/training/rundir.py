@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from jemeval.atomic import stale_temp_files
+from jemeval.atomic import stale_temp_files, write_failure
 from jemeval.errors import UsageError
 from jemeval.training.config import resume_path
 from jemeval.training.reporting import note
@@ -90,7 +91,13 @@ def claim(config: Any) -> RunLock:
         out.mkdir(parents=config.out is None, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the run folder {str(out)!r}: {exc.strerror or exc}", param="out") from None
-    lock = RunLock(out, created=created).acquire()
+    try:
+        lock = RunLock(out, created=created).acquire()
+    except BaseException:
+        if created:  # the folder this call made, still empty: nothing of the failed start is left
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     try:
         _check_existing(out, config)
         if config.overwrite:
@@ -187,8 +194,12 @@ class RunLock:
             return False
         except OSError as exc:
             raise UsageError(f"cannot lock the run folder: {str(self.path)!r}: {exc.strerror or exc}") from None
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(record) + "\n")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a full disk: no half-written lock may stay behind to block the next run
+            self.path.unlink(missing_ok=True)
+            raise write_failure(exc, self.path) from None
         self._token = token
         return True
 

@@ -38,8 +38,10 @@ from jemeval.cli.paths import Command, dataset_option, input_path_option, output
               help="The network for fid, kid and precision/recall [default: inception-v3-compat for fid/kid, vgg16 "
                    "for precision/recall]; is always uses InceptionV3.")
 @output_path_option("--ref-cache", suffix=".npz", metavar="FILE.npz",
-                    help="Keep the reference set's features in FILE.npz: the next run with the same reference images "
-                         "and weights skips their forward passes (a file of another reference set is refused).")
+                    help="Keep the reference set's features in FILE.npz (Inception's, VGG16's and each --features "
+                         "model's): the next run with the same reference images and weights skips their forward passes "
+                         "(a file of another reference set is refused; features that fail their checksum are "
+                         "recomputed).")
 @click.option("--kid-subset-size", type=int, default=1000, show_default=True,
               help="KID subset size (capped at the sample counts).")
 @sampling_options
@@ -75,6 +77,11 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
         files = {"inception-v3-compat": inception_weights, "vgg16": vgg16_weights}
         for name in metric_extractors([m for m in chosen if m in LIBRARY_METRICS], feature_extractor):
             check_extractor_weights(files[name], name)
+        if reference is None and any(m != "is" for m in chosen):  # the model's own set, if it names no path
+            from jemeval.evaluation.batching import training_dataset
+            from jemeval.formats.load import load_model
+
+            training_dataset(load_model(model_path), param="reference")
         samples = sample_from_options(model_path, device, seed, **sampling)
     else:
         samples = samples_path

@@ -13,7 +13,7 @@ from jemeval.cli.options import (
     eval_fraction,
     input_path_option,
     nproc_option,
-    parse_floats,
+    parse_epsilons,
     parse_ints,
     resolve_device,
     seed_option,
@@ -67,7 +67,8 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 @click.option("--sections", default=None, help=f"Comma-separated sections [default: all: {SECTIONS_HELP}].")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="runs/report", show_default=True,
               help="The report folder: report.md, report.html, report.json, figures/ and the cache/ that lets a "
-                   "rerun finish a killed report.")
+                   "rerun finish a killed report. A new or empty folder, or one a report wrote (listed in its "
+                   ".jemeval-report.json); a folder holding other files is refused.")
 @click.option("--force", is_flag=True, help="Recompute every section instead of reusing the cached results.")
 @dataset_option("--data", default=None,
                 help="Dataset of every section (accuracy, calibration, OOD in-distribution, robust). Default: "
@@ -116,7 +117,7 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, refin
         ood=None if ood is None else split_list(ood, "--ood"),
         scores=None if scores is None else split_list(scores, "--score"),
         norm=None if norm is None else split_list(norm, "--norm"),
-        epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
+        epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
         attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
         download=download, options=parse_set(options), device=resolve_device(device), progress=progress(),
         config=config_provenance(),

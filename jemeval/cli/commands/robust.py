@@ -9,7 +9,7 @@ from jemeval.cli.options import (
     device_option,
     model_option,
     nproc_option,
-    parse_floats,
+    parse_epsilons,
     parse_ints,
     resolve_device,
     seed_option,
@@ -46,10 +46,12 @@ def split_attack_specs(value: str) -> list[str]:
                    "options as pgd:steps=100,restarts=5.")
 @click.option("--aa-version", type=click.Choice(["standard", "rand"]), default=None,
               help="AutoAttack version: standard (APGD-CE, APGD-T, FAB-T, Square) or rand (APGD-CE, APGD-DLR with "
-                   "EOT from --grad-mode eot/bpda+eot, for randomised defences). Default: standard.")
+                   "EOT: AutoAttack's 20 draws per gradient under --grad-mode full/bpda, --eot-samples under "
+                   "eot/bpda+eot; for randomised defences). Default: standard.")
 @click.option("--epsilons", default=None,
-              help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255 (default: a norm-specific list "
-                   "ending at a size that should defeat any undefended model).")
+              help="Perturbation sizes in [0, 1] pixel units, e.g. 0,2/255,8/255; max is the norm's largest (Linf 1, "
+                   "L2 sqrt(C*H*W)), where every input is within reach (default: a norm-specific list ending at a "
+                   "size that should defeat any undefended model).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True,
               help="Seeded random subset of the test set (the paper: 300).")
 @click.option("--steps", type=int, default=None,
@@ -114,7 +116,7 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
         attacks=split_attack_specs(attacks),
-        epsilons=None if epsilons is None else parse_floats(epsilons, "--epsilons"),
+        epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
         data=data, n=n, seed=seed, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
         draws=draws, aa_version=aa_version, chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples,
         checkpoint=checkpoint,

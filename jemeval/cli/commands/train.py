@@ -25,7 +25,7 @@ import click
 from click.core import ParameterSource
 
 from jemeval.cli.config import config_option, config_record, render_config
-from jemeval.cli.options import data_options, parse_ints, without_nproc
+from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
 
 
 @click.command("train")
@@ -45,7 +45,7 @@ from jemeval.cli.options import data_options, parse_ints, without_nproc
 @click.option("--out", "out", type=click.Path(file_okay=False), help="Run folder for best.pt, last.pt, metrics.csv, "
               "samples/ [default: runs/DATASET]; created if missing (its parent must exist). A folder holding a run "
               "needs --resume or --overwrite.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (recorded).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed (recorded).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--objective", type=click.Choice(["jem", "factored"]), default="jem", show_default=True,
               help="jem: Algorithm 1; factored: the p(x|y) ablation (class-conditional contrast only, no "
