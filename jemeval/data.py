@@ -4,10 +4,17 @@ Every dataset yields ``(x, y)`` with x a float tensor C x H x W in [-1, 1] and y
 unlabelled sets such as ``uniform``). Names are specs (:func:`jemeval.registry.parse_spec`):
 ``digits``, ``digits[0-4]`` (a class subset), ``interp:digits``, ``npz:/path/file.npz``.
 :func:`split_indices` defines the validation split training holds out, which calibration reuses.
+
+A dataset declares the splits its source really has in a ``splits`` attribute (``("train", "test")``
+for digits, an image folder with ``train/`` and ``test/``, an npz with ``x_train``/``x_test``); a
+set with one collection of images (a folder of class folders, an npz with ``x``/``y``) has
+``splits = ()``: every split it is asked for is all of its images. :func:`has_test_split` and
+:func:`no_test_split_note` are the one rule every command applies to that (docs/data.md).
 """
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from jemeval.errors import JemevalError, UsageError
 from jemeval.plugins import get_registry
-from jemeval.registry import call_with_supported, parse_spec
+from jemeval.registry import Spec, call_with_supported, parse_spec
 
 DATA_ROOT_ENV = "JEMEVAL_DATA_ROOT"
 
@@ -98,6 +105,8 @@ class ClassSubset(Dataset):
         self.num_classes = getattr(base, "num_classes", None)
         self.input_shape = getattr(base, "input_shape", None)
         self.info = {**getattr(base, "info", {}), "classes": list(self.classes)}
+        if hasattr(base, "splits"):
+            self.splits = base.splits
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -202,9 +211,11 @@ def take(ds: Dataset, idx: Sequence[int] | np.ndarray) -> Dataset:
     if isinstance(ds, ArrayDataset):
         out = ArrayDataset(ds.x[idx], ds.y[idx], num_classes=ds.num_classes, name=ds.name, info=ds.info, validate=False)
         out.spec = getattr(ds, "spec", None)
+        if hasattr(ds, "splits"):
+            out.splits = ds.splits
         return out
     sub = torch.utils.data.Subset(ds, idx.tolist())
-    for attr in ("num_classes", "input_shape", "info", "spec"):
+    for attr in ("num_classes", "input_shape", "info", "spec", "splits"):
         if hasattr(ds, attr):
             setattr(sub, attr, getattr(ds, attr))
     return sub
@@ -226,6 +237,81 @@ def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndar
                          "use a smaller validation split", param="val_size")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+
+
+# -- splits: which images a dataset keeps apart --------------------------------------------------
+def declared_splits(ds: Dataset) -> tuple[str, ...] | None:
+    """The splits ``ds`` declares (its ``splits`` attribute), or None for a set that declares none
+    (a plugin's, a synthetic set): such a set is trusted to give each split its own images."""
+    splits = getattr(ds, "splits", None)
+    return None if splits is None else tuple(splits)
+
+
+def has_test_split(ds: Dataset) -> bool:
+    """Whether ``ds`` comes from a source with a test split of its own, kept apart from its training
+    images; False for a single-split set (``splits = ()``), whose "test" images are all of them."""
+    splits = declared_splits(ds)
+    return splits is None or "test" in splits
+
+
+def no_test_split_note(spec: str, ds: Dataset) -> str | None:
+    """THE note for numbers measured on a set without a test split (eval, calibrate, ood, train's
+    test accuracy), None for a set with one."""
+    if has_test_split(ds):
+        return None
+    return (f"{spec} has no test split: these are all its images; if the model was trained on them, these are "
+            "training numbers (give a dataset with a test split: docs/data.md)")
+
+
+def holdout_parts(n: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fitted, evaluated): a seeded ``size`` of ``n`` images to fit on (a temperature, a detector) and
+    the disjoint rest to evaluate, both sorted. For a set with no split to fit on apart from the one
+    evaluated; ``size`` is at most half, so at least half is evaluated."""
+    size = max(1, min(int(size), n // 2))
+    if n < 2:
+        raise UsageError(f"{n} image(s) cannot be split into a part to fit on and a part to evaluate")
+    rest, fitted = split_indices(n, size, seed)
+    return fitted, rest
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with the paths it names made absolute (``folder:../data/blobs`` ->
+    ``folder:/home/me/data/blobs``), so a spec recorded in a checkpoint names the same files from any
+    working directory. A path is the variant of a factory marked ``takes_path`` (npz, folder) or a
+    ``path=`` option; a variant or ``base=`` that is itself a dataset spec (``interp:npz:f.npz``) is
+    made absolute in turn. Anything else, and a spec that does not parse, is returned unchanged."""
+    try:
+        parsed = parse_spec(spec)
+    except JemevalError:
+        return spec
+    registry = get_registry()
+
+    def factory(name: str):
+        return registry.get("dataset", name) if name in registry.names("dataset") else None
+
+    def nested(text: str) -> str:
+        try:
+            inner = parse_spec(text).name
+        except JemevalError:
+            return text
+        return absolute_spec(text) if factory(inner) is not None else text
+
+    variant, options = parsed.variant, dict(parsed.options)
+    if isinstance(variant, str) and variant:
+        variant = _absolute(variant) if getattr(factory(parsed.name), "takes_path", False) else nested(variant)
+    if isinstance(options.get("path"), str):
+        options["path"] = _absolute(options["path"])
+    if isinstance(options.get("base"), str):
+        options["base"] = nested(options["base"])
+    if (variant, options) == (parsed.variant, parsed.options):
+        return spec
+    classes = re.search(r"\[[^\]]*\]\s*$", spec.strip())
+    text = str(Spec(parsed.name, variant, options))
+    return text + (classes.group(0).strip() if classes else "")
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.device = "cpu",

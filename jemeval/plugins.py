@@ -47,6 +47,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.attacks",
     "jemeval.builtins.autoattack",
     "jemeval.builtins.layouts",
+    "jemeval.builtins.pretrained",
     "jemeval.builtins.loggers",
 )
 #: the built-in plugin that adds jemeval's own commands through ``register_commands``, imported when

@@ -29,6 +29,7 @@ import jemeval
 from jemeval.artifacts import save_ood_scores
 from jemeval.cli import cli
 from jemeval.errors import JemevalError
+from jemeval.progress import is_progress_line
 
 #: marks a click parse error (the rest, if any, is the expected text)
 CLICK = "[click] "
@@ -98,7 +99,8 @@ def assert_one_line_refusal(result, expected: str) -> None:
     out, err = result.stdout, result.stderr
     assert result.exit_code not in (0, None), f"exit {result.exit_code}\n{out}\n{err}"
     assert "Traceback" not in out + err and "a bug in jemeval" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
+    # progress lines (a stderr that is no terminal gets one per stage begun before the refusal) are no message
+    lines = [line for line in err.splitlines() if line.strip() and not is_progress_line(line)]
     errors = [line for line in lines if line.startswith("Error:")]
     # click's own parse errors too: jemeval folds click's usage block into the one Error: line
     assert len(lines) == 1 and len(errors) == 1, err

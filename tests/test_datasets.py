@@ -189,7 +189,7 @@ def test_bad_npz_files_are_one_clear_line(tmp_path, kind, message):
 
 @pytest.mark.parametrize("layout, message", [
     ({}, "has no class sub-folders"),
-    ({"loose.png": "png"}, "has no class sub-folders"),
+    ({"loose.txt": "text"}, "holds no images and has no class sub-folders"),  # a flat folder of images loads (y=-1)
     ({"cat/notes.txt": "text"}, "Found no valid file for the classes cat"),
     ({"cat/broken.png": "text", "cat/ok.png": "png"}, "broken.png' in the image folder is not a readable image"),
 ])

@@ -18,6 +18,7 @@ from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
 from jemeval.evaluation.ood import OODScores, evaluate_ood
 from jemeval.plots.ood import plot_ood_result
+from jemeval.progress import is_progress_line
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +286,7 @@ def test_energy_temperature_must_be_positive_and_finite(digits_classifier_ckpt, 
     """Issue 11 item 14: `--score energy:T=0` blamed the model's outputs for overflowing."""
     r = run("ood", "--model", digits_classifier_ckpt, "--ood", "uniform", "--score", f"energy:T={T}", "--n", 20)
     assert r.exit_code == 2 and "overflow" not in r.output
-    assert r.output.strip().splitlines() == [
+    assert [line for line in r.output.strip().splitlines() if not is_progress_line(line)] == [  # stages: no message
         "Error: score 'energy': the temperature T must be a finite number > 0 (e.g. energy:T=1), got "
         + (T if T in ("0", "-1") else repr(T))]
     logits = torch.randn(5, 3)

@@ -1,6 +1,15 @@
-"""Built-in models: ``wrn`` (the JEM release's Wide ResNet), ``cnn`` (small, for digits) and
-``timm:<name>`` (any timm architecture, built without pretrained weights)."""
+"""Built-in models: ``wrn`` (the JEM release's Wide ResNet), ``cnn`` (small, for digits),
+``timm:<name>`` (any timm architecture, built without pretrained weights; pretrained ones come
+from :mod:`jemeval.builtins.pretrained`, which also registers ``torchvision`` and ``pytorch-ood``).
+
+A torchvision or pytorch-ood classifier has no feature protocol of its own; :class:`HeadFeatures`
+gives it timm's (``forward_features``, ``forward_head``, ``get_classifier``) by reading the input
+of its last linear layer, so the feature scores (knn, vim, mahalanobis, ...) work on it.
+"""
 from __future__ import annotations
+
+import torch
+from torch import nn
 
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.hookspecs import hookimpl
@@ -56,6 +65,53 @@ def timm_model(num_classes, input_shape, *, variant: str | None = None, **option
             raise UsageError(f"timm option {key!r} is refused: jemeval builds timm models randomly initialised and "
                              "loads weights only from its own tensor-only checkpoints")
     return timm.create_model(variant, pretrained=False, num_classes=num_classes, in_chans=input_shape[0], **options)
+
+
+class HeadFeatures(nn.Module):
+    """A classifier read as penultimate features -> its last linear layer (timm's feature protocol).
+
+    ``forward`` is the network's own; ``forward_features(x)`` runs it once and returns the input of
+    its last ``nn.Linear`` (torchvision's ResNet: everything before ``fc``). That is only the
+    penultimate layer if the linear layer's output *is* the network's output, which every call
+    checks (a network that post-processes its logits gets one line, not wrong features).
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        linears = [name for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+        #: the dotted name of the last linear layer in the network (None: the network has none)
+        self.head_name = linears[-1] if linears else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def get_classifier(self) -> nn.Module:
+        if self.head_name is None:
+            raise UsageError(f"{type(self.net).__name__} has no linear last layer, so it gives no penultimate "
+                             "features; use scores that need only logits or input gradients (logpx, maxprob, energy, "
+                             "entropy, gradnorm, odin)")
+        return self.net.get_submodule(self.head_name)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        head, seen = self.get_classifier(), {}
+
+        def keep(module, args, output):
+            seen["features"], seen["logits"] = args[0], output
+
+        handle = head.register_forward_hook(keep)
+        try:
+            out = self.net(x)
+        finally:
+            handle.remove()
+        if "logits" not in seen or not (out is seen["logits"] or torch.equal(out, seen["logits"])):
+            raise UsageError(f"{type(self.net).__name__}: its last linear layer ({self.head_name!r}) does not give "
+                             "the network's output, so its input is not the penultimate features; use scores that "
+                             "need only logits or input gradients (logpx, maxprob, energy, entropy, gradnorm, odin)")
+        return seen["features"].reshape(out.shape[0], -1)
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return features if pre_logits else self.get_classifier()(features)
 
 
 @hookimpl

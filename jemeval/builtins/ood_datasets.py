@@ -16,14 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
-from jemeval.builtins.datasets import _check_split, _read_image, _torchvision, _tv_transform
+from jemeval.builtins.datasets import _check_split, _torchvision
+from jemeval.builtins.file_datasets import IMAGE_SUFFIXES, ImageFiles, _resize_to, _tv_transform
 from jemeval.data import ArrayDataset, load_dataset, to_arrays
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.hookspecs import hookimpl
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 #: the file-based sets: name -> what to put in DATA_ROOT/<name>
 FILE_SETS = {
     "tin": "Tiny ImageNet images (e.g. its val/images; OpenOOD v1.5: images_classic/tin)",
@@ -38,8 +37,11 @@ def _transformed(name: str, split, root, download, variant, base, transform, inf
         raise UsageError(f"name the dataset to transform, e.g. {name}:digits")
     ds = load_dataset(base, split, root, download)
     x, y = to_arrays(ds)
-    return ArrayDataset(transform(x), y, num_classes=getattr(ds, "num_classes", None), name=name,
-                        info={"base": base, **info}, validate=False)
+    out = ArrayDataset(transform(x), y, num_classes=getattr(ds, "num_classes", None), name=name,
+                       info={"base": base, **info}, validate=False)
+    if hasattr(ds, "splits"):
+        out.splits = ds.splits  # rotate:npz:FILE has no test split when FILE has none
+    return out
 
 
 def rotate(split, root, download, *, variant: str | None = None, base: str | None = None, k: int = 1):
@@ -55,16 +57,6 @@ def flip(split, root, download, *, variant: str | None = None, base: str | None 
     return _transformed("flip", split, root, download, variant, base, lambda x: torch.flip(x, dims=(3,)), {})
 
 
-def _resize_to(input_shape):
-    """torchvision transforms taking an image to ``input_shape`` (C, H, W): resize, crop, channels."""
-    from torchvision import transforms
-
-    c, h, w = (int(s) for s in input_shape)
-    if c not in (1, 3):
-        raise UsageError(f"images can be made 1- or 3-channel, not {c}-channel (input shape {tuple(input_shape)})")
-    return (transforms.Grayscale(c), transforms.Resize(min(h, w)), transforms.CenterCrop((h, w)))
-
-
 def mnist(split, root, download, *, input_shape=None):
     """MNIST (torchvision); at the model's input shape when offered (OpenOOD: 3 x 32 x 32 for CIFAR)."""
     _check_split("mnist", split)
@@ -78,20 +70,6 @@ def mnist(split, root, download, *, input_shape=None):
 
     return _torchvision("mnist", build, root, download, num_classes=10, input_shape=shape,
                         info={"source": "torchvision.datasets.MNIST", "input_shape": list(shape)})
-
-
-class ImageFiles(Dataset):
-    """Every image file under a folder (sub-folders included, sorted), unlabelled (y = -1)."""
-
-    def __init__(self, files: list[Path], transform, *, name: str, input_shape, info: dict):
-        self.files, self.transform = files, transform
-        self.name, self.input_shape, self.info, self.num_classes = name, tuple(input_shape), info, None
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i):
-        return self.transform(_read_image(str(self.files[i]))), -1
 
 
 def _file_set(name: str, root, input_shape) -> ImageFiles:

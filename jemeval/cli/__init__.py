@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 
 import click
@@ -35,6 +36,13 @@ class JemevalGroup(click.Group):
             return cmd
         entry = get_plugin_manager().commands().get(name)
         return None if entry is None else entry.load()
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        """Help at one width (:func:`help_width`: the terminal's, at most :data:`HELP_WIDTH`, the width
+        the commands' examples are written for; in a pipe or a file :data:`HELP_WIDTH`, where click
+        would take 80). Subcommands inherit it, so every ``--help`` wraps its text and options alike."""
+        extra.setdefault("terminal_width", help_width())
+        return super().make_context(info_name, args, parent, **extra)
 
     def resolve_command(self, ctx, args):
         try:
@@ -100,6 +108,18 @@ class JemevalGroup(click.Group):
             ) from None
 
 
+#: the widest terminal help is laid out for (``max_content_width`` of every context); the text is 2
+#: columns narrower, as click's own default (a line that fills the last column wraps on some terminals)
+HELP_WIDTH = 100
+
+
+def help_width() -> int:
+    """The width of every ``--help`` text: the terminal's columns ($COLUMNS first; :data:`HELP_WIDTH`
+    when there is no terminal), at most :data:`HELP_WIDTH`, less 2; never under 50 (as click)."""
+    columns = shutil.get_terminal_size(fallback=(HELP_WIDTH, 24)).columns
+    return max(min(columns, HELP_WIDTH) - 2, 50)
+
+
 def _quiet_worker() -> bool:
     """jemeval.runtime.launch.quiet_worker without importing torch: a ``--nproc`` worker other than
     rank 0, which leaves reporting a Ctrl-C to rank 0."""
@@ -135,7 +155,8 @@ def _unquoted(value: str) -> str:
     return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
-@click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=JemevalGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                 "max_content_width": HELP_WIDTH})
 @click.version_option(__version__, prog_name="jemeval")
 def cli():
     """Train and evaluate Joint Energy-based Models (JEM) and compare them with classifiers.

@@ -2,19 +2,21 @@
 
 The files a command reads and writes are in :mod:`jemeval.cli.paths`, printing and saving results
 in :mod:`jemeval.cli.output`. Each option's destination is the name of the Python parameter it
-fills (``--sigma`` fills ``input_sigma``), so an error the core raises about that parameter is
+fills (``--input-sigma`` fills ``input_sigma``), so an error the core raises about that parameter is
 shown with the flag (:func:`jemeval.cli.flag_message`).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
+from jemeval.cli.config import config_record
 from jemeval.cli.output import emit, output_options
 from jemeval.cli.paths import Command, PathArgument, PathOption, dataset_option, input_path_option, output_path_option
 from jemeval.errors import UsageError
@@ -27,12 +29,134 @@ __all__ = ["Command", "PathArgument", "PathOption", "dataset_option", "emit", "i
            "output_path_option"]
 
 
+# -- noise: --input-sigma, --chain-sigma, and --sigma (deprecated) --------------------------------
+#: what each noise parameter is, in the one line the deprecated --sigma prints
+NOISE = {"input_sigma": ("--input-sigma", "the noise added to the evaluation inputs"),
+         "chain_sigma": ("--chain-sigma", "the noise added to each refinement chain's copy of the input")}
+#: where the values of a noise option and of the --sigma that fills the same parameter meet (ctx.meta)
+NOISE_META = "jemeval.noise"
+#: click's parameter sources, most explicit first (a ParameterSource is no IntEnum before click 8.2)
+SOURCE_RANK = {"COMMANDLINE": 0, "ENVIRONMENT": 1, "DEFAULT_MAP": 2, "DEFAULT": 3}
+
+
+class NoiseStd(click.ParamType):
+    """A noise std: a finite number >= 0, refused at parsing naming the flag the user typed."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"must be a finite number >= 0, got {value}", param, ctx)
+        return number
+
+
+class NoiseOption(click.Option):
+    """``--input-sigma`` / ``--chain-sigma``: its value meets the deprecated ``--sigma`` filling the
+    same parameter, if the command has one (:func:`_settle`)."""
+
+    def handle_parse_result(self, ctx, opts, args):
+        value, args = super().handle_parse_result(ctx, opts, args)
+        _settle(ctx, self.name, "new", value)
+        return value, args
+
+
+class OldSigmaOption(click.Option):
+    """``--sigma``, kept for one release with its old meaning in this command (``fills``: input_sigma
+    in ood, calibrate, eval and report; chain_sigma in robust and distal). Its value goes to that
+    parameter: the command, the result's provenance and a config file's record see only the new
+    name. A config file's ``sigma`` key is this option too, so old files keep working."""
+
+    def __init__(self, *args, fills: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fills = fills
+
+    def handle_parse_result(self, ctx, opts, args):
+        value, args = super().handle_parse_result(ctx, opts, args)
+        ctx.params.pop(self.name, None)  # the command never receives it
+        _settle(ctx, self.fills, "old", value, self)
+        return value, args
+
+
+def _source_rank(ctx: click.Context, name: str) -> int:
+    source = ctx.get_parameter_source(name)
+    return SOURCE_RANK.get(getattr(source, "name", ""), SOURCE_RANK["DEFAULT"])
+
+
+def _settle(ctx: click.Context, target: str, role: str, value, old: OldSigmaOption | None = None) -> None:
+    """Once both the noise option and the deprecated --sigma filling ``target`` are parsed: the more
+    explicit source wins (command line > config file > default), the same source twice is refused,
+    and a --sigma that was given says so in one line."""
+    seen = ctx.meta.setdefault(NOISE_META, {}).setdefault(target, {})
+    seen[role] = (value, old)
+    if len(seen) < 2 or ctx.resilient_parsing:
+        return
+    old_value, old = seen["old"]
+    flag = NOISE[target][0]
+    old_rank, new_rank = _source_rank(ctx, old.name), _source_rank(ctx, target)
+    if old_value is None or old_rank == SOURCE_RANK["DEFAULT"]:
+        return
+    if old_rank == new_rank:
+        if old_rank == SOURCE_RANK["DEFAULT_MAP"]:
+            raise UsageError(f"config {(config_record(ctx) or {}).get('file', '')!r} sets both 'sigma' and "
+                             f"'{flag[2:]}' ('sigma' is the old name of '{flag[2:]}' in {ctx.info_name}): keep only "
+                             f"'{flag[2:]}'")
+        raise UsageError(f"--sigma and {flag} both given (--sigma is the old name of {flag} in {ctx.info_name}): "
+                         f"give only {flag}")
+    _announce(ctx, target, from_file=old_rank == SOURCE_RANK["DEFAULT_MAP"])
+    if old_rank < new_rank:
+        ctx.params[target] = old_value
+        ctx.set_parameter_source(target, ctx.get_parameter_source(old.name))
+
+
+def _announce(ctx: click.Context, target: str, *, from_file: bool) -> None:
+    """The deprecation line, once per run: not again in the workers a ``--nproc`` launch starts (the
+    launching process said it), and by rank 0 alone under torchrun."""
+    if os.environ.get("JEMEVAL_RELAUNCHED") == "1" or os.environ.get("RANK", "0") != "0":
+        return
+    flag, meaning = NOISE[target]
+    if from_file:
+        record = config_record(ctx) or {}
+        said = f"config {record.get('file', '')!r}: the key 'sigma' is deprecated; write '{flag[2:]}'"
+    else:
+        said = f"--sigma is deprecated; use {flag}"
+    click.echo(f"note: {said} ({meaning}, what {ctx.info_name}'s --sigma meant); the old name goes in the "
+               "next release", err=True)
+
+
+def noise_option(target: str, *, default: float | None = 0.0, help: str, old_sigma: bool = False):
+    """``--input-sigma`` or ``--chain-sigma`` (``target``: input_sigma or chain_sigma), and with
+    ``old_sigma`` the deprecated ``--sigma`` meaning the same in this command."""
+    def deco(fn):
+        if old_sigma:
+            fn = click.option("--sigma", "sigma", cls=OldSigmaOption, fills=target, type=NoiseStd(), default=None,
+                              help=f"Deprecated: the old name of {NOISE[target][0]} in this command (removed in "
+                                   "the next release).")(fn)
+        return click.option(NOISE[target][0], target, cls=NoiseOption, type=NoiseStd(), default=default,
+                            show_default=default is not None, help=help)(fn)
+    return deco
+
+
+INPUT_SIGMA_HELP = ("Std of Gaussian noise added to every evaluation input; give 0.03 to reproduce the JEM "
+                    "release, which noised every input.")
+CHAIN_SIGMA_HELP = ("Std of the noise added to each refinement chain's copy of the input before its SGLD "
+                    "steps; give 0.03 to reproduce the JEM release's refinement.")
+
+
 def sigma_option(fn):
-    """--sigma: the evaluation input noise (``input_sigma``), an explicit and recorded setting."""
-    return click.option(
-        "--sigma", "input_sigma", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-        help="Std of Gaussian noise added to every evaluation input (the JEM release used 0.03: "
-             "pass --sigma 0.03 to reproduce it).")(fn)
+    """--input-sigma: the evaluation input noise (``input_sigma``), an explicit and recorded setting;
+    --sigma, its old name in ood, calibrate and eval, kept for one release."""
+    return noise_option("input_sigma", help=INPUT_SIGMA_HELP, old_sigma=True)(fn)
+
+
+def chain_sigma_option(fn=None, *, old_sigma: bool = False):
+    """--chain-sigma: the noise of the refinement chains (``chain_sigma``); with ``old_sigma`` also
+    --sigma, its old name in robust and distal, kept for one release."""
+    deco = noise_option("chain_sigma", help=CHAIN_SIGMA_HELP, old_sigma=old_sigma)
+    return deco(fn) if fn is not None else deco
 
 
 def batch_size_option(default: int = 256, help: str = "Examples per forward pass."):
@@ -59,15 +183,41 @@ def seed_option(default=0):
 def data_options(fn):
     """--data-root and --download for commands that read datasets."""
     fn = click.option("--download", is_flag=True,
-                      help="Download torchvision datasets that are missing (needs internet).")(fn)
+                      help="Download torchvision datasets and --model weights (timm:, torchvision:, pytorch-ood:, "
+                           "hf:) that are missing (needs internet).")(fn)
     fn = click.option("--data-root", type=click.Path(file_okay=False), default=None,
                       help="Folder holding datasets (default: $JEMEVAL_DATA_ROOT or ~/.cache/jemeval/datasets).")(fn)
     return fn
 
 
+class ModelOption(PathOption):
+    """``--model``: a checkpoint file, or a model source (``timm:resnet18``, ...) whose cached weights
+    file is an input too (:func:`jemeval.formats.load.model_source_files`): no output goes over it."""
+
+    def paths(self, ctx: click.Context) -> list[str]:
+        from jemeval.formats.load import model_source_files
+
+        values = super().paths(ctx)
+        return values + [f for v in values for f in model_source_files(v)]
+
+
+MODEL_HELP = ("A checkpoint (jemeval's, e.g. runs/digits/best.pt, or a JEM release file) or a pretrained model: "
+              "timm:NAME, torchvision:NAME[:WEIGHTS], pytorch-ood:KEY, hf:ORG/NAME (docs/models.md).")
+
+
 def model_option(fn):
-    return input_path_option("--model", "model_path", what="the input checkpoint", required=True,
-                             help="A checkpoint: jemeval's (e.g. runs/digits/best.pt) or a JEM release file.")(fn)
+    """--model (a checkpoint or a model source). In a command with --download, the flag also lets
+    a model source that is not cached be fetched (:func:`jemeval.formats.load.model_downloads`)."""
+    @click.option("--model", "model_path", cls=ModelOption, role="input", what="the input checkpoint",
+                  type=click.Path(), required=True, help=MODEL_HELP)
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from jemeval.formats.load import model_downloads
+
+        with model_downloads(bool(kwargs.get("download"))):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def resolve_device(device: str | None) -> torch.device:

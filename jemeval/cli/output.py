@@ -2,8 +2,9 @@
 
 ``@output_options`` gives every command the same ``--json`` / ``--csv FILE`` / ``--markdown`` /
 ``--out FILE.json``; ``emit(result, **output)`` prints the table (or JSON) on stdout and writes the
-requested files atomically. Progress bars and "wrote FILE" messages go to stderr, so ``--json``
-stays clean.
+requested files atomically. Progress and "wrote FILE" messages go to stderr, so ``--json``
+stays clean: a bar on a terminal, one ``progress: ...`` line per stage when stderr is a pipe or a
+file (:func:`jemeval.progress.command_line`), never a bar's carriage returns in a log.
 
 The output rule: ``--out`` names a command's main product (the JSON result of an evaluation, the
 PNG grid of ``sample``, the run folder of ``train``; ``convert`` writes its checkpoint to the
@@ -22,7 +23,7 @@ import click
 
 from jemeval.cli.config import config_record, resolved_options
 from jemeval.cli.paths import output_path_option
-from jemeval.progress import StderrProgress
+from jemeval.progress import StderrProgress, command_line
 
 #: help of the JSON result option: the main product (--out) of an evaluation, or an extra file (--result)
 RESULT_HELP = {"--out": "Write the full JSON result (records + provenance) to FILE, this command's main product.",
@@ -30,9 +31,10 @@ RESULT_HELP = {"--out": "Write the full JSON result (records + provenance) to FI
 
 
 def progress(always: bool = False) -> StderrProgress:
-    """The progress the commands pass to the computation: tqdm bars on stderr, shown on a terminal
-    (or ``always``)."""
-    return StderrProgress(always=always)
+    """The progress the commands pass to the computation: a tqdm bar on a terminal, one line per stage
+    in a pipe or a file. ``always`` is kept for plugins written against 0.2 (it forced a bar into a
+    pipe); progress always shows now, in the form that suits stderr."""
+    return command_line()
 
 
 def is_main_rank() -> bool:

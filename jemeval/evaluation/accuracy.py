@@ -6,7 +6,8 @@ steps K. K = 0 classifies the inputs as they are; K > 0 wraps the model in
 copy noised by ``chain_sigma`` and moved K SGLD steps up log p~(x), logits averaged over the
 chains). ``input_sigma`` is the evaluation input noise applied once per input by the shared batch
 loop before anything else (the JEM release used 0.03), so K = 0 with chains is not needed to
-reproduce plain noisy evaluation.
+reproduce plain noisy evaluation. A dataset without a test split of its own (a single-split folder
+or npz) is evaluated whole, with the note of :func:`jemeval.data.no_test_split_note`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jemeval.data import load_dataset, subsample
+from jemeval.data import load_dataset, no_test_split_note, subsample
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
@@ -91,7 +92,8 @@ def evaluate(
         "noise_seed": int(seed) if input_sigma > 0 else None, "seed": int(seed), "batch_size": int(batch_size),
         "refine_steps": steps_list, "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
     })
-    return Result(records, prov)
+    note = no_test_split_note(data, ds)
+    return Result(records, prov, notes=[note] if note else [])
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -199,6 +199,7 @@ class Batches:
     epsilons: list[float]
     norm: str
     batch_size: int
+    notes: list[str] = field(default_factory=list)  # about the inputs (a set without a test split)
 
     @property
     def spans(self) -> list[tuple[int, int]]:

@@ -8,11 +8,13 @@ the first bin, 1.0 in the last; empty bins have no confidence/accuracy, they are
 calibrated").
 
 With ``temperature_scaling`` a single temperature T is fitted (a bounded scalar search, Brent's
-method over log T within ``TEMPERATURE_BOUNDS``, minimising the NLL) on a held-out or seeded
-validation subset of the *train* split and the calibrated numbers are reported beside the raw
-ones: logits / T leave the predictions, hence the accuracy, unchanged.
-A checkpoint written by ``jemeval train`` records its held-out validation split, which is then
-used; otherwise a random train subset is used and the result carries a note saying so.
+method over log T within ``TEMPERATURE_BOUNDS``, minimising the NLL) on images that are never
+among those evaluated (:func:`validation_subset`): the dataset's ``val`` split, the train images a
+``jemeval train`` checkpoint records as held out, a seeded train subset (noted), or, for a set
+without a separate split, a seeded part of it left out of the evaluation (noted and recorded). The
+calibrated numbers are reported beside the raw ones: logits / T leave the predictions, hence the
+accuracy, unchanged. A set without a test split of its own gets the note of
+:func:`jemeval.data.no_test_split_note`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from jemeval.data import ArrayDataset, default_val_size, load_dataset, split_indices, subsample, to_arrays
+from jemeval.data import (
+    absolute_spec,
+    declared_splits,
+    default_val_size,
+    has_test_split,
+    holdout_parts,
+    load_dataset,
+    no_test_split_note,
+    split_indices,
+    subsample,
+    take,
+)
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
@@ -131,9 +144,16 @@ def temperature_at_bound(t: float) -> bool:
 
 def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
     """The train-split indices ``jemeval train`` held out for validation, if the checkpoint's
-    config describes them (``val_size`` and ``split_seed``) and ``data`` is its training set."""
+    config describes them (``val_size`` and ``split_seed``), ``data`` is its training set (the same
+    files, however the path is written) and training carved them out of the train split (a dataset
+    with a ``val`` split of its own was validated on that instead: nothing was held out of train)."""
     config = (getattr(model, "metadata", None) or {}).get("config") or {}
-    if not isinstance(config, dict) or "split_seed" not in config or config.get("dataset") != data:
+    if not isinstance(config, dict) or "split_seed" not in config or not isinstance(config.get("dataset"), str):
+        return None
+    if absolute_spec(config["dataset"]) != absolute_spec(data):
+        return None
+    resolved = config.get("resolved") if isinstance(config.get("resolved"), dict) else {}
+    if isinstance(resolved.get("data"), dict) and resolved["data"].get("val_split"):
         return None
     val_size = config.get("val_size")
     val_size = default_val_size(n_train) if val_size is None else int(val_size)
@@ -142,22 +162,40 @@ def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
     return split_indices(n_train, val_size, int(config["split_seed"]))[1]
 
 
-def validation_subset(model, *, data: str, val_size: int, seed: int, data_root=None, download=False):
-    """Images for fitting T and what they are (for provenance): the split the trainer held out
-    when the checkpoint records one, else a seeded random subset of the train split."""
-    train = load_dataset(data, "train", data_root, download)
+def validation_subset(model, *, data: str, val_size: int, seed: int, split: str = "test", evaluated=None,
+                      data_root=None, download=False):
+    """(images to fit T on, what they are, notes, images to evaluate), never the same images.
+
+    In order: the dataset's own ``val`` split; the train split of a dataset whose test images are
+    its own: the images training held out when the checkpoint records them, else a seeded random
+    subset (noted: the model may have trained on them); for a set with no split apart from the one
+    evaluated (a single-split folder or npz, or the train split asked for), a seeded part of it,
+    left out of the evaluation (:func:`jemeval.data.holdout_parts`)."""
     if int(val_size) <= 0:
         raise UsageError(f"val_size must be positive, got {val_size}", param="val_size")
-    held_out = held_out_indices(model, data, len(train))
-    if held_out is not None:
-        x, y = to_arrays(train)
-        ds = ArrayDataset(x[held_out], y[held_out], num_classes=getattr(train, "num_classes", None), name=data)
-        info = {"source": f"{data} train images held out from training (checkpoint val_size / split_seed)",
-                "n": len(ds)}
-        return ds, info, True
-    ds = subsample(train, min(int(val_size), max(1, len(train) // 5)), seed)
-    info = {"source": f"seeded random subset of {data} train", "n": len(ds), "seed": int(seed)}
-    return ds, info, False
+    if evaluated is None:
+        evaluated = load_dataset(data, split, data_root, download)
+    if "val" in (declared_splits(evaluated) or ()) and split != "val":
+        ds = subsample(load_dataset(data, "val", data_root, download), int(val_size), seed)
+        return ds, {"source": f"{data} val split", "n": len(ds)}, [], evaluated
+    if split != "train" and has_test_split(evaluated):
+        train = load_dataset(data, "train", data_root, download)
+        held_out = held_out_indices(model, data, len(train))
+        if held_out is not None:
+            info = {"source": f"{data} train images held out from training (checkpoint val_size / split_seed)",
+                    "n": len(held_out)}
+            return take(train, held_out), info, [], evaluated
+        ds = subsample(train, min(int(val_size), max(1, len(train) // 5)), seed)
+        note = (f"T was fitted on {len(ds)} random train-split images; if the model was trained on them, T is fitted "
+                "to over-confident training predictions (a held-out split gives a fairer T)")
+        return ds, {"source": f"seeded random subset of {data} train", "n": len(ds), "seed": int(seed)}, [note], \
+            evaluated
+    fitted, rest = holdout_parts(len(evaluated), min(int(val_size), max(1, len(evaluated) // 5)), seed)
+    info = {"source": f"a seeded part of the {split} images of {data}, left out of the evaluation", "n": len(fitted),
+            "seed": int(seed), "evaluated": len(rest)}
+    note = (f"{data} has no split to fit T on apart from the images evaluated: T was fitted on a seeded {len(fitted)} "
+            f"of its {len(evaluated)} images, and the other {len(rest)} are evaluated")
+    return take(evaluated, fitted), info, [note], take(evaluated, rest)
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma"},
@@ -190,38 +228,42 @@ def calibrate(
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
     model = prepare_model(model, device)
     data = data or training_dataset(model, param="data")
-    ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
+    ds = load_dataset(data, split, data_root, download, input_shape=model.input_shape)
     check_input_shape(model, ds, data)
+    notes = [note] if (note := no_test_split_note(data, ds)) else []
+    if temperature_scaling:  # the images T is fitted on never are among those evaluated
+        val_ds, val_info, fit_notes, ds = validation_subset(model, data=data, val_size=val_size, seed=seed,
+                                                            split=split, evaluated=ds, data_root=data_root,
+                                                            download=download)
+    ds = subsample(ds, n, seed)
     out = run_batches(model, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
                       desc=f"calibrate {data}")
     raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics)
     records = [{"calibration": "none", "temperature": 1.0, **raw}]
-    notes: list[str] = []
     settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(input_sigma),
                                 "seed": int(seed), "noise_seed": out.settings["noise_seed"],
                                 "batch_size": int(batch_size), "temperature_scaling": bool(temperature_scaling),
                                 "metrics": [name for name, _ in select_metrics("calibration", metrics)],
                                 "dataset_info": getattr(ds, "info", None)}
     if temperature_scaling:
-        val_ds, val_info, held_out = validation_subset(model, data=data, val_size=val_size, seed=seed,
-                                                       data_root=data_root, download=download)
         val = run_batches(model, val_ds, sigma=input_sigma, seed=seed + 1, batch_size=batch_size, progress=progress,
                           desc="validation")
-        record, validation, more_notes = temperature_scaled(out, val, held_out, bins=bins, metrics=metrics, data=data)
+        record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data)
         records.append(record)
         settings["validation"] = {**val_info, **validation}
-        notes += more_notes
+        notes += fit_notes + more_notes
     records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
                for r in records]
     prov = provenance(command="calibrate", model=model, device=model.device, seed=seed, settings=settings)
     return Result(records, prov, notes=notes)
 
 
-def temperature_scaled(out, val, held_out: bool, *, bins: int, metrics, data: str):
+def temperature_scaled(out, val, *, bins: int, metrics, data: str):
     """(record, validation settings, notes) of temperature scaling: T fitted on the validation
     outputs ``val``, the calibration of ``out`` re-measured at that T, and notes where T says little."""
     if (val.labels < 0).any():
-        raise UsageError(f"temperature scaling needs labels, and {data!r} train has unlabelled examples")
+        raise UsageError(f"temperature scaling needs labels, and the images of {data!r} it is fitted on include "
+                         "unlabelled ones")
     temperature = fit_temperature(val.logits, val.labels)
     scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics)
     validation = {"noise_seed": val.settings["noise_seed"], "optimizer": "bounded Brent search on log T",
@@ -232,10 +274,5 @@ def temperature_scaled(out, val, held_out: bool, *, bins: int, metrics, data: st
             f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
             f"{len(val)} validation images are (nearly) all classified correctly, so they cannot "
             "identify T; do not read the temperature-scaled row as calibrated"
-        )
-    if not held_out:
-        notes.append(
-            f"T was fitted on {len(val)} random train-split images; if the model was trained on them, "
-            "T is fitted to over-confident training predictions (a held-out split gives a fairer T)"
         )
     return {"calibration": "temperature", "temperature": temperature, **scaled}, validation, notes

@@ -30,14 +30,12 @@ import numpy as np
 import torch
 
 from jemeval.artifacts import OODScores
-from jemeval.data import load_dataset, subsample
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import (
     DEFAULT_BATCH_SIZE,
     BatchOutputs,
     ScoreFn,
-    check_input_shape,
     check_input_sigma,
     prepare_model,
     resolve_scores,
@@ -46,7 +44,7 @@ from jemeval.evaluation.batching import (
 )
 from jemeval.evaluation.metrics import select_metrics
 from jemeval.evaluation.ood_fit import DetectorFitter, fit_sets
-from jemeval.evaluation.ood_sets import load_ood_sets
+from jemeval.evaluation.ood_sets import load_id_set, load_ood_sets
 from jemeval.evaluation.ood_tune import check_tune_set, tune_scores
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.provenance import provenance
@@ -101,8 +99,8 @@ def compute_ood_scores(
     if not score_fns:
         raise UsageError("scores names no score; give e.g. 'logpx,maxprob'", param="scores")
     id_name = id or training_dataset(model, param="id")
-    id_ds = subsample(load_dataset(id_name, split, data_root, download, input_shape=model.input_shape), n, seed)
-    check_input_shape(model, id_ds, id_name)
+    id_ds, id_info = load_id_set(model, id_name, split=split, n=n, seed=seed, data_root=data_root, download=download,
+                                 fits=tune_on is not None or any(s.detector for s in score_fns), fit_on=fit_on)
     sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, seed=seed, data_root=data_root,
                          download=download, num_classes=getattr(id_ds, "num_classes", None))
     score_fns, fitting = fit_scores(
@@ -123,7 +121,7 @@ def compute_ood_scores(
     settings = {
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
         "sigma": float(input_sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
-        "groups": {label: group for label, _, group in sets if group is not None}, **fitting,
+        "groups": {label: group for label, _, group in sets if group is not None}, "id_data": id_info, **fitting,
         **({"feature_signs": signs} if signs else {}),
     }
     return result, settings
@@ -140,7 +138,7 @@ def fit_scores(model, score_fns: list[ScoreFn], *, id_name: str, test_sets: Sequ
     if tune_on is not None:
         check_tune_set(tune_on, id_name, test_sets)  # before any fitting
     sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, seed=seed,
-                    data_root=data_root, download=download)
+                    data_root=data_root, download=download, split=split)
     fitter = DetectorFitter(model, sets, batch_size=batch_size, progress=progress, cache=cache)
     info: dict[str, Any] = {"fit_data": sets.info}
     if tune_on is not None:
@@ -300,7 +298,7 @@ def evaluate_ood(
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
     prov = provenance(command="ood", model=model, device=model.device, seed=seed, settings=settings)
     return Result(group_records(records, settings["groups"]), prov, extra={"scores": ood_scores},
-                  notes=[METRIC_NOTE, *tuning_notes(settings.get("tuning")),
+                  notes=[METRIC_NOTE, *settings["id_data"]["notes"], *tuning_notes(settings.get("tuning")),
                          *feature_sign_notes(settings.get("feature_signs"))])
 
 

@@ -4,9 +4,12 @@ A detector (:mod:`jemeval.components`) is fitted once per (model, detector, opti
 
 * **Fit data**: the in-distribution training images, the ``train`` split of the ID dataset (or of
   ``fit_on``) minus the validation images ``jemeval train`` held out when the checkpoint records
-  them (``val_size``/``split_seed``); those held-out images are the in-distribution half of the
-  tuning data (:mod:`jemeval.evaluation.ood_tune`). Without such a record and with tuning, a seeded
-  10% (at most 5000) of the train split is held out instead. The test split is never fitted on.
+  them (``val_size``/``split_seed``); those held-out images (or the dataset's own ``val`` split)
+  are the in-distribution half of the tuning data (:mod:`jemeval.evaluation.ood_tune`). Without
+  either and with tuning, a seeded 10% (at most 5000) of the fit images is held out instead. The
+  test split is never fitted on; a set without one (a single-split folder or npz, or the ``train``
+  split evaluated) is fitted on a seeded half that the evaluation leaves out
+  (:func:`jemeval.evaluation.ood_sets.load_id_set`).
 * **One pass**: detectors with ``fit_features`` share one forward pass over the fit data (features,
   logits and labels, :func:`jemeval.evaluation.batching.run_batches`); the others get the dataset.
 * **Cache**: a fitted ``state_dict()`` is stored by :mod:`jemeval.caches.detectors` (which owns the
@@ -36,6 +39,7 @@ from jemeval.data import (
     ArrayDataset,
     ClassSubset,
     dataset_sha256,
+    declared_splits,
     default_val_size,
     load_dataset,
     split_indices,
@@ -45,6 +49,7 @@ from jemeval.data import (
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import ScoreFn, check_input_shape, run_batches
 from jemeval.evaluation.calibration import held_out_indices
+from jemeval.evaluation.ood_sets import fit_part, same_dataset, shares_fit_images
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.progress import ProgressArg
 from jemeval.provenance import content_sha256
@@ -62,25 +67,36 @@ class FitSets:
 
 
 def fit_sets(model, id_name: str, *, fit_on: str | None = None, fit_n: int | None = None, tune: bool = False,
-             seed: int = 0, data_root=None, download: bool = False) -> FitSets:
-    """The fit and tuning images of ``model`` (see the module docstring)."""
+             seed: int = 0, data_root=None, download: bool = False, split: str = "test") -> FitSets:
+    """The fit and tuning images of ``model`` (see the module docstring); ``split`` is the split of the
+    in-distribution set evaluated, whose images are never among them."""
     spec = fit_on or id_name
     train = load_dataset(spec, "train", data_root, download, input_shape=model.input_shape)
     try:  # as the OOD sets are checked: a wrong shape is one line, not a convolution's RuntimeError
         check_input_shape(model, train, spec)
     except UsageError as exc:
         raise UsageError(f"fit_on: {exc}" if fit_on else str(exc), param="fit_on" if fit_on else "id") from None
-    held = held_out_indices(model, spec, len(train))
     info: dict[str, Any] = {"data": spec, "split": "train"}
-    if held is None and tune:
+    held, tune_id = None, None
+    if (fit_on is None or same_dataset(fit_on, id_name)) and shares_fit_images(train, split):
+        # the evaluated images are these: fit on the seeded part load_id_set leaves out of the evaluation
+        train = take(train, fit_part(len(train), seed)[0])
+        info["split"] = f"a seeded {len(train)} of its images, left out of the in-distribution evaluation"
+    elif "val" in (declared_splits(train) or ()):  # the dataset's own validation split: all of train fits
+        if tune:
+            tune_id = load_dataset(spec, "val", data_root, download, input_shape=model.input_shape)
+            info["held_out"] = f"{spec} val split, for tuning"
+    else:
+        held = held_out_indices(model, spec, len(train))
+        if held is not None:
+            info["held_out"] = f"the {len(held)} train images jemeval train held out (checkpoint val_size / split_seed)"
+    if held is None and tune and tune_id is None:
         held = split_indices(len(train), max(1, default_val_size(len(train))), seed)[1]
-        info["held_out"] = f"seeded random {len(held)} of the train split (seed {seed}), for tuning"
-    elif held is not None:
-        info["held_out"] = f"the {len(held)} train images jemeval train held out (checkpoint val_size / split_seed)"
+        info["held_out"] = f"seeded random {len(held)} of the fit images (seed {seed}), for tuning"
     fit = train if held is None else take(train, np.setdiff1d(np.arange(len(train)), held))
     fit = subsample(fit, fit_n, seed, name="fit_n")
     info["n"] = len(fit)
-    return FitSets(fit, None if held is None else take(train, held), info)
+    return FitSets(fit, tune_id if held is None else take(train, held), info)
 
 
 # -- fingerprints ---------------------------------------------------------------------------------

@@ -13,13 +13,19 @@ noise images. When the in-distribution set is a class subset (``digits[0-4]``), 
 it is the near-OOD set to tune hyperparameters on (``tune_on``).
 
 Each set of a group is evaluated on its own; the group mean is a record of its own.
+
+The in-distribution set (:func:`load_id_set`) shares no image with what detectors are fitted on:
+when it has no split apart from the one evaluated (a single-split folder or npz, or ``split="train"``)
+and detectors are fitted on it, a seeded half of it is fitted on and the other half evaluated
+(:func:`jemeval.data.holdout_parts`, the same partition :func:`jemeval.evaluation.ood_fit.fit_sets`
+takes); a set without a test split gets :func:`jemeval.data.no_test_split_note`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from jemeval.data import load_dataset, subsample
+from jemeval.data import absolute_spec, has_test_split, holdout_parts, load_dataset, no_test_split_note, subsample, take
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import check_input_shape
 from jemeval.registry import Spec, parse_spec
@@ -75,8 +81,8 @@ def expand_groups(ood: list[str], id_name: str, num_classes: int | None = None) 
 
 def same_dataset(a: str, b: str) -> bool:
     """Two specs name the same dataset (name, variant and classes; options aside): ``uniform:seed=3``
-    is ``uniform``, ``interp:svhn`` is not ``interp:digits``."""
-    sa, sb = parse_spec(a), parse_spec(b)
+    is ``uniform``, ``interp:svhn`` is not ``interp:digits``, ``folder:./ood`` is ``folder:ood``."""
+    sa, sb = parse_spec(absolute_spec(a)), parse_spec(absolute_spec(b))
     return (sa.name, sa.variant, sa.classes) == (sb.name, sb.variant, sb.classes)
 
 
@@ -118,3 +124,34 @@ def load_ood_sets(model, ood: Sequence[str], id_name: str, id_size: int, *, spli
             raise UsageError(f"OOD set {label!r} is given twice")
         loaded.append((label, ds, group))
     return loaded
+
+
+def shares_fit_images(ds, split: str) -> bool:
+    """Whether the images of ``ds`` (the ``split`` asked for) are also those detectors fit on (the
+    train split): the train split itself, or every split of a set without separate splits."""
+    return split == "train" or not has_test_split(ds)
+
+
+def fit_part(n_images: int, seed: int):
+    """(fitted, evaluated) indices of a set that :func:`shares_fit_images`: a seeded half to fit on
+    (detectors such as knn need many fit images; temperature scaling holds out less)."""
+    return holdout_parts(n_images, max(1, n_images // 2), seed)
+
+
+def load_id_set(model, id_name: str, *, split: str, n: int | None, seed: int, data_root, download: bool,
+                fits: bool, fit_on: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """(the in-distribution images evaluated, what they are: ``notes`` and, when part of the set is
+    left out for fitting, ``held_out``). ``fits``: detectors (or tuning) are fitted, on the train
+    split of ``fit_on`` (default: the ID set)."""
+    ds = load_dataset(id_name, split, data_root, download, input_shape=model.input_shape)
+    check_input_shape(model, ds, id_name)
+    note = no_test_split_note(id_name, ds)
+    info: dict[str, Any] = {"notes": [note] if note else []}
+    if fits and (fit_on is None or same_dataset(fit_on, id_name)) and shares_fit_images(ds, split):
+        fitted, rest = fit_part(len(ds), seed)
+        info["held_out"] = {"fitted": len(fitted), "evaluated": len(rest), "seed": int(seed)}
+        info["notes"].append(f"{id_name} has no split to fit detectors on apart from the images evaluated: they were "
+                             f"fitted on a seeded {len(fitted)} of its {len(ds)} images, and the other {len(rest)} are "
+                             "evaluated as in-distribution")
+        ds = take(ds, rest)
+    return subsample(ds, n, seed), info

@@ -2,14 +2,15 @@
 
 ``tune_on=DATASET``: every score with a ``grid`` (ODIN's T and eps, KNN's k, ReAct's percentile,
 energy's T, ...; options the user set are kept fixed) is evaluated with each combination of the
-candidates on in-distribution tuning images (held out from both training and fitting, see
-:func:`jemeval.evaluation.ood_fit.fit_sets`) against DATASET, and the combination with the highest
-AUROC (the first in grid order on a tie) is used for the test sets. DATASET must be none of the
-test sets (nor the in-distribution set): tuning on a test set overstates every tuned score. All
-candidates of all scores share one forward pass per batch; detector candidates are fitted (and
-cached) like any detector. DATASET is read from its ``train`` split when it has one (mirrored
-*training* digits for ``flip:digits``), so no test image is tuned on. The choice and every
-candidate's AUROC are recorded in the result.
+candidates on in-distribution tuning images (held out from both training and fitting: the ID set's
+``val`` split, the images training held out, or a seeded part of the fit images, see
+:func:`jemeval.evaluation.ood_fit.fit_sets`; never an evaluated image) against DATASET, and the
+combination with the highest AUROC (the first in grid order on a tie) is used for the test sets.
+DATASET must be none of the test sets (nor the in-distribution set): tuning on a test set
+overstates every tuned score. All candidates of all scores share one forward pass per batch;
+detector candidates are fitted (and cached) like any detector. DATASET is read from its ``train``
+split when it has one (mirrored *training* digits for ``flip:digits``), so no test image is tuned
+on. The choice and every candidate's AUROC are recorded in the result.
 """
 from __future__ import annotations
 

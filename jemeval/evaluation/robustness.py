@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from jemeval.components import NORMS
-from jemeval.data import input_shape_of, load_dataset, subsample, to_arrays
+from jemeval.data import input_shape_of, load_dataset, no_test_split_note, subsample, to_arrays
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
@@ -179,8 +179,9 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
                   seed: int, batch_size: int, data_root, download: bool) -> Batches:
     """The seeded test subset on the model's device, and the epsilons (defaults: the norm's list,
     without sizes the input cannot hold, e.g. large L2 on tiny images)."""
-    ds = subsample(load_dataset(data, "test", root=data_root, download=download, input_shape=model.input_shape),
-                   n, seed=seed)
+    full = load_dataset(data, "test", root=data_root, download=download, input_shape=model.input_shape)
+    note = no_test_split_note(data, full)
+    ds = subsample(full, n, seed=seed)
     check_input_shape(model, ds, data)
     x, y = (t.to(model.device) for t in to_arrays(ds))
     if bool((y < 0).any()):
@@ -189,7 +190,8 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
     if epsilons is None:
         limit = epsilon_limit(norm, input_shape_of(ds))
         epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
-    return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm, int(batch_size))
+    return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm, int(batch_size),
+                   notes=[note] if note else [])
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ def robust(
         records=records,
         provenance=provenance(command="robust", model=model, device=model.device, seed=seed, settings=settings),
         extra={"checks": checks, "minimal_perturbations": min_perturbations},
-        notes=[c["message"] for c in checks] + notes,
+        notes=inputs.notes + [c["message"] for c in checks] + notes,
     )
 
 

@@ -4,7 +4,9 @@
 :func:`jemeval.formats.safetensors.read_safetensors` for a ``.safetensors`` export), builds
 the architecture the file names (jemeval's format, its options allow-listed) or a registered layout
 recognises in it (:mod:`jemeval.formats.foreign`), loads the weights and records the file's SHA-256
-for provenance.
+for provenance. A model source (``timm:resnet18``, ``hf:ORG/NAME``: ``scheme:NAME`` naming no
+file) goes to the registered layout whose ``match_path`` claims it (the built-in ones are in
+:mod:`jemeval.builtins.pretrained`), which may download only inside :func:`model_downloads`.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -23,8 +26,8 @@ from torch.nn.modules.module import (
 
 from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
-from jemeval.errors import CheckpointError, UnknownNameError, UsageError
-from jemeval.formats.foreign import foreign_model, identify_foreign, unknown_layout_error
+from jemeval.errors import CheckpointError, JemevalError, UnknownNameError, UsageError, did_you_mean
+from jemeval.formats.foreign import foreign_model, identify_foreign, identify_path, unknown_layout_error
 from jemeval.formats.native import (
     FORMAT,
     FORMAT_VERSION,
@@ -268,10 +271,75 @@ def model_from_checkpoint(obj: Any, path: str = "<checkpoint>", device: str | to
     return foreign_model(found, path).to(device).eval()
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> EnergyModel:
+# -- model sources: timm:NAME, torchvision:NAME, pytorch-ood:KEY, hf:REPO, a plugin's --------------
+#: ``scheme:rest`` with a scheme of two or more characters (``C:\\x`` stays a Windows path)
+_SOURCE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:\S")
+#: whether the model source being loaded may be fetched (``load_model(download=True)``, ``--download``)
+_DOWNLOAD: ContextVar[bool] = ContextVar("jemeval_model_download", default=False)
+
+
+@contextmanager
+def model_downloads(allowed: bool = True) -> Iterator[None]:
+    """Inside the block, model sources that are not cached may be fetched (``--download``): the
+    command line wraps a command in it, so evaluation code that loads by path needs no flag."""
+    token = _DOWNLOAD.set(bool(allowed))
+    try:
+        yield
+    finally:
+        _DOWNLOAD.reset(token)
+
+
+def downloads_allowed() -> bool:
+    """Read by the layouts that resolve model sources: fetch what is not cached only when True."""
+    return _DOWNLOAD.get()
+
+
+def is_model_source(path: str | os.PathLike) -> bool:
+    """``scheme:NAME`` naming no existing file (a file of that name is loaded as a file; write
+    ``./timm:x`` to be explicit)."""
+    return isinstance(path, str) and bool(_SOURCE.match(path)) and not os.path.lexists(path)
+
+
+def _source_layouts() -> list[str]:
+    return [c.name for c in get_registry().components("checkpoint_layout") if callable(getattr(c.obj, "match_path",
+                                                                                                None))]
+
+
+def load_source(source: str, device: str | torch.device = "cpu") -> EnergyModel:
+    """The model a source names, built by the layout that claims it (one line when none does)."""
+    device = resolve_device(device)
+    found = identify_path(source)
+    if found is None:
+        scheme = source.split(":", 1)[0]
+        known = _source_layouts()
+        raise CheckpointError(f"{source!r} is neither a file nor a model source{did_you_mean(scheme, known)}: no "
+                              f"layout that reads paths ({', '.join(known)}; jemeval list checkpoint_layouts) claims "
+                              "it; give a model source such as timm:resnet18 or the path of a checkpoint file")
+    return foreign_model(found, source).to(device).eval()
+
+
+def model_source_files(value: str | os.PathLike) -> list[str]:
+    """The local files a model source reads (its cached weights), without network: the command line
+    treats them as inputs, so no output may be written over them. [] for a path or an unknown source."""
+    if not is_model_source(value):
+        return []
+    try:
+        found = identify_path(str(value))
+    except JemevalError:  # the command's own loading reports it
+        return []
+    return [found.source] if found is not None and found.source and os.path.isfile(found.source) else []
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", *, download: bool = False) -> EnergyModel:
     """Load a model, in eval mode, from a jemeval checkpoint, a ``.safetensors`` file written by
-    ``jemeval export`` or a file in a registered foreign layout (JEM release, JEM++, SADA-JEM, a
-    plugin's); layouts that are not one torch file need ``jemeval convert``."""
+    ``jemeval export``, a file in a registered foreign layout (JEM release, JEM++, SADA-JEM, a
+    plugin's) or a model source: ``timm:NAME``, ``torchvision:NAME[:WEIGHTS]``, ``pytorch-ood:KEY``,
+    ``hf:ORG/NAME[@REVISION][:FILE]`` (docs/models.md). A source is read from its library's cache;
+    ``download`` fetches it when it is not cached. Layouts that are not one torch file need
+    ``jemeval convert``."""
+    if is_model_source(path):
+        with model_downloads(download or downloads_allowed()):
+            return load_source(str(path), device)
     if is_safetensors(path):
         obj = read_safetensors(path)
         model = model_from_checkpoint(obj, str(path), device)

@@ -27,7 +27,7 @@ import torch
 from jemeval.atomic import write_text_atomic
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import recorded_dataset
-from jemeval.formats.load import load_model
+from jemeval.formats.load import is_model_source, load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
 from jemeval.provenance import file_sha256, provenance
 from jemeval.reports.cache import PRODUCTS, Entry, ReportFolder, claim_folder, load_entry, save_entry
@@ -81,16 +81,18 @@ def model_list(models: Any, names: Sequence[str] | None) -> list[tuple[str, str]
     if len(set(names)) != len(names):
         raise UsageError(f"names must differ, got {names}", param="names")
     for p in paths:
-        if not Path(p).is_file():
-            raise UsageError(f"model {p!r} is not a file; give checkpoint files (e.g. runs/digits/best.pt)",
-                             param="models")
+        if not Path(p).is_file() and not is_model_source(p):
+            raise UsageError(f"model {p!r} is not a file; give checkpoint files (e.g. runs/digits/best.pt) or "
+                             "model sources (timm:NAME, torchvision:NAME, ...)", param="models")
     return list(zip(names, paths))
 
 
 def describe(name: str, path: str) -> ModelInfo:
-    """The checkpoint's hash, architecture and training dataset (it is loaded once, on the CPU, to check it)."""
+    """The checkpoint's hash, architecture and training dataset (it is loaded once, on the CPU, to check
+    it); a model source (``timm:NAME``, ...) is identified by the hash of the weights file it read."""
     model = load_model(path, device="cpu")
-    return ModelInfo(name, path, file_sha256(path), getattr(model, "arch", None), model.metadata.get("dataset"))
+    sha256 = (model.metadata.get("checkpoint") or {}).get("sha256") or file_sha256(path)
+    return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"))
 
 
 def common_dataset(models: list[ModelInfo]) -> str:

@@ -5,7 +5,8 @@ A run is fully described by its :class:`TrainConfig`; the checkpoint stores ``co
 defaults). Defaults come in four layers: the dataclass's generic small defaults, then
 :data:`DATASET_DEFAULTS` for the dataset's base name (the paper's settings for CIFAR/SVHN, a
 laptop-sized recipe for the embedded ``digits``), then a named recipe's (:data:`RECIPES`, e.g.
-``recipe="fast"`` on digits), then what the user sets explicitly.
+``recipe="fast"`` on digits), then what the user sets explicitly. A dataset without defaults of its
+own gets what the user did not set derived from its size (:func:`derive_from_data`).
 """
 from __future__ import annotations
 
@@ -15,14 +16,22 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from jemeval.errors import UsageError, did_you_mean
+from jemeval.data import absolute_spec, declared_splits, load_dataset, to_arrays
+from jemeval.errors import JemevalError, UsageError, did_you_mean
 from jemeval.formats.native import read_checkpoint
 from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.training.augment import parse_augment
 from jemeval.training.loggers import check_loggers
-from jemeval.training.recipes import RECIPES, dataset_defaults, recipe_defaults
+from jemeval.training.recipes import (
+    DATASET_DEFAULTS,
+    RECIPES,
+    SCALED_KEYS,
+    dataset_defaults,
+    recipe_defaults,
+    scaled_defaults,
+)
 
 OBJECTIVES = ("jem", "factored")
 SAMPLERS = ("sgld", "proximal")
@@ -115,10 +124,13 @@ class TrainConfig:
     resume: bool = False  # continue the run in out_dir from its last.pt
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
     config_file: dict | None = None  # the --config file that set some of these: {"file", "sha256", "keys"}
+    derived: dict | None = None  # settings derived from the data (a set without defaults): {"from", "settings"}
 
     def __post_init__(self) -> None:
         # one logger may be given as a string ("tensorboard"), several as a list; stored as a tuple
         self.log_to = (self.log_to,) if isinstance(self.log_to, str) else tuple(self.log_to or ())
+        # a path in the spec is recorded absolute: the checkpoint names the same files from any cwd
+        self.dataset = absolute_spec(self.dataset)
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -271,7 +283,47 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
     merged.update(given)
     if "decay_epochs" in merged:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
-    return TrainConfig(**merged).validate()
+    config = TrainConfig(**merged).validate()
+    if parse_spec(dataset).name in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
+        return config
+    return derive_from_data(config, [k for k in SCALED_KEYS if k not in given], now=True)
+
+
+def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now: bool = False) -> TrainConfig:
+    """``config`` with ``keys`` (default: those left pending) derived from the size of its training
+    split (:func:`~.recipes.scaled_defaults`) and recorded in ``derived``: what, and from what.
+
+    ``now=True`` (resolving, ``--print-config``) reads the data without downloading; where they
+    cannot be read yet the keys stay pending (``derived["pending"]``) and the run derives them when
+    it starts (:meth:`~.trainer.Trainer.run`, after any download), so a setting is never silently
+    left at a value made for another dataset.
+    """
+    if keys is None:
+        keys = list((config.derived or {}).get("pending", ()))
+    if not keys:
+        return config
+    try:
+        ds = load_dataset(config.dataset, "train", root=config.data_root, download=config.download and not now)
+        n_images = _length(ds)
+    except JemevalError as exc:
+        if not now:
+            raise
+        return config.replace(derived={"pending": list(keys), "why": f"the data cannot be read yet ({exc})"})
+    own_val = "val" in (declared_splits(ds) or ())
+    epochs = None if "epochs" in keys else config.epochs
+    settings, why = scaled_defaults(n_images, config.batch_size, epochs=epochs, own_val=own_val)
+    keys = [k for k in keys if k in settings]
+    source = {"train_images": n_images, "own_val_split": own_val, "epochs": settings.get("epochs", config.epochs),
+              "batch_size": config.batch_size}
+    return config.replace(**{k: settings[k] for k in keys},
+                          derived={"from": source, "settings": {k: why[k] for k in keys}}).validate()
+
+
+def _length(ds) -> int:
+    try:
+        return len(ds)
+    except TypeError:  # a dataset without __len__: count what it yields
+        return len(to_arrays(ds)[0])
 
 
 def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
@@ -333,6 +385,7 @@ def resume_from(dataset: str, **given: Any) -> TrainConfig:
         raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
     out = given.get("out") or f"runs/{parse_spec(dataset).name}"
     stored = load_resume_checkpoint(out)["config"]
+    dataset = absolute_spec(dataset)  # as TrainConfig records it
     if stored.get("dataset") not in (None, dataset):
         raise UsageError(f"resume=True: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}",
                          param="resume")

@@ -8,8 +8,10 @@ the run records ``recipe`` with the resolved settings.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from jemeval.data import default_val_size
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.registry import parse_spec
 
@@ -105,3 +107,68 @@ def recipe_defaults(recipe: str, dataset: str) -> dict[str, Any]:
                          f"measured), not {name!r}; use recipe 'paper' and set the settings yourself, e.g. "
                          "sgld_steps=10, sgld_lr=2.0", param="recipe")
     return dict(RECIPES[recipe][name])
+
+
+# -- datasets without defaults of their own: settings derived from the data ----------------------
+#: What :func:`scaled_defaults` derives (each only where the user did not set it). A dataset with a
+#: table above keeps it exactly; an ``npz:``/``folder:``/plugin set of 500 images would otherwise get
+#: settings made for 150 CIFAR epochs (a 1000-iteration warm-up in a 140-iteration run).
+SCALED_KEYS = ("epochs", "lr", "warmup_iters", "decay_epochs", "val_size", "buffer_size")
+#: A small set gets more epochs: at least the digits recipe's run (20 epochs of 25 iterations), at most 200 epochs
+GENERIC_EPOCHS, MIN_ITERATIONS, MAX_EPOCHS = 20, 500, 200
+WARMUP_FRACTION, MAX_WARMUP = 0.05, 1000  # the paper's 1000 iterations are ~1% of its run; short runs need more
+DECAY_FRACTIONS = (0.8, 0.9)  # the release's 160 and 180 of 200 epochs: a short run learns at full rate longest
+#: (training images, lr) of the two measured recipes; lr is log-linear in the set size between them
+LR_SMALL, LR_LARGE = (1647, DIGITS["lr"]), (45000, PAPER["lr"])
+MAX_BUFFER = PAPER["buffer_size"]
+
+
+def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None,
+                    own_val: bool = False) -> tuple[dict, dict]:
+    """(settings, why) for a set of ``n_images`` training-split images trained for ``epochs`` (None:
+    derived too).
+
+    Why each: 20 epochs of a few hundred images are too few iterations to learn anything (a 500-image
+    set: 140), so a small set trains for at least 500 iterations (the digits recipe's run; at most
+    200 epochs); the warm-up is a fraction of the run's iterations, so it ends; the decays are fractions
+    of the epochs, so they happen; the lr is the digits recipe's (3e-3) for small sets and the paper's
+    (1e-4) for CIFAR-sized ones, because few iterations need larger steps; validation takes 10%
+    (at most 5000) unless the set has its own ``val`` split; the replay buffer holds about one chain
+    per training image (at least a batch, at most the paper's 10000), so chains are revisited
+    within the run.
+    """
+    val = 0 if own_val else default_val_size(n_images)
+    n_train = max(n_images - val, 1)
+    per_epoch = n_train // min(batch_size, n_train)  # as jemeval.training.feed.batch_plan counts them
+    settings, why = {}, {}
+    if epochs is None:
+        epochs = settings["epochs"] = min(MAX_EPOCHS, max(GENERIC_EPOCHS, -(-MIN_ITERATIONS // per_epoch)))
+        why["epochs"] = (f"{GENERIC_EPOCHS}, or more for at least {MIN_ITERATIONS} iterations at {per_epoch} an epoch "
+                         f"({n_train} images in batches of {batch_size}), at most {MAX_EPOCHS}")
+    total = per_epoch * epochs
+    run = f"{total} iterations: {epochs} epochs of {per_epoch} ({n_train} images in batches of {batch_size})"
+    settings.update(warmup_iters=min(MAX_WARMUP, max(1, round(WARMUP_FRACTION * total))),
+                    decay_epochs=decay_epochs_for(epochs), lr=lr_for(n_train),
+                    buffer_size=min(MAX_BUFFER, max(n_train, batch_size)))
+    why.update({"warmup_iters": f"{WARMUP_FRACTION:.0%} of the run's {run}, at most {MAX_WARMUP}",
+                "decay_epochs": f"{' and '.join(f'{f:g}' for f in DECAY_FRACTIONS)} of the {epochs} epochs (the "
+                                "release's 160, 180 of 200), those before the last",
+                "lr": f"for {n_train} training images: {LR_SMALL[1]:g} (the digits recipe's) up to {LR_SMALL[0]}, "
+                      f"{LR_LARGE[1]:g} (the paper's) from {LR_LARGE[0]}, log-linear between",
+                "buffer_size": f"one chain per training image ({n_train}), at least a batch, at most {MAX_BUFFER}"})
+    if not own_val:
+        settings["val_size"] = val
+        why["val_size"] = f"10% of the {n_images} training-split images, at most 5000"
+    return settings, why
+
+
+def decay_epochs_for(epochs: int) -> tuple[int, ...]:
+    """:data:`DECAY_FRACTIONS` of ``epochs``, rounded; a decay at or after the last epoch never happens, so none."""
+    return tuple(sorted({e for e in (round(f * epochs) for f in DECAY_FRACTIONS) if 1 <= e < epochs}))
+
+
+def lr_for(n_train: int) -> float:
+    """The lr for ``n_train`` training images (two significant digits): see :data:`LR_SMALL`."""
+    (n0, lr0), (n1, lr1) = LR_SMALL, LR_LARGE
+    t = min(max((math.log(n_train) - math.log(n0)) / (math.log(n1) - math.log(n0)), 0.0), 1.0)
+    return float(f"{math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0))):.2g}")

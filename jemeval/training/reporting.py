@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from jemeval.plots.grids import grid_image
+from jemeval.progress import LineBar, stderr_is_terminal
 from jemeval.runtime.launch import quiet_worker
 from jemeval.training.loggers import Loggers, open_loggers
 from jemeval.training.metrics_log import MetricsLog
@@ -125,10 +126,15 @@ class Reporter:
               file=sys.stderr, flush=True)
 
     # -- the progress bar ----------------------------------------------------------------------
-    def bar(self, progress: Progress, total: int) -> tqdm:
-        """The bar of the epoch in progress (a context manager; off on ranks other than 0)."""
+    def bar(self, progress: Progress, total: int) -> tqdm | LineBar:
+        """The bar of the epoch in progress (a context manager; off on ranks other than 0). By the rule
+        of :mod:`jemeval.progress`: with ``progress=None`` a stderr that is no terminal (a log) gets the
+        epoch's start line instead, and :meth:`epoch_line` ends it, so a long first epoch is not silent."""
+        desc = f"epoch {progress.epoch + 1}/{self.epochs}"
+        if self.main and self.progress is None and not stderr_is_terminal():
+            return LineBar(total, desc, unit="it", initial=progress.batch, end_line=False)
         disable = True if not self.main else None if self.progress is None else not self.progress
-        return tqdm(total=total, initial=progress.batch, desc=f"epoch {progress.epoch + 1}/{self.epochs}", unit="it",
+        return tqdm(total=total, initial=progress.batch, desc=desc, unit="it",
                     file=sys.stderr, disable=disable, leave=False, dynamic_ncols=True)
 
     @staticmethod

@@ -1,5 +1,10 @@
 """The training data: a fixed validation split and the labelled subset for semi-supervised runs.
 
+A dataset with a ``val`` split of its own (an image folder with ``val/``, an npz with ``x_val``)
+validates on it and trains on all of its ``train`` split; any other set has ``val_size`` of its
+train split held out (:func:`jemeval.data.split_indices`). The checkpoint records which
+(``resolved.data.val_split``), so that calibration and detector fitting find the held-out images again.
+
 Both are drawn with ``split_seed`` (default 1234), not the run's ``seed``, so runs with different
 seeds are compared on the same validation images and the same labelled examples, as in the JEM
 release (its validation split of 5,000 images also used a fixed seed). The whole training set is
@@ -13,7 +18,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from jemeval.data import default_val_size, input_shape_of, load_dataset, num_classes_of, split_indices, to_arrays
+from jemeval.data import (
+    declared_splits,
+    default_val_size,
+    input_shape_of,
+    load_dataset,
+    num_classes_of,
+    split_indices,
+    to_arrays,
+)
 from jemeval.errors import UsageError
 
 #: Training sets larger than this stay in host memory and are copied per batch.
@@ -37,7 +50,8 @@ class TrainingData:
 
     def describe(self) -> dict:
         return {"n_train": len(self.x), "n_val": len(self.x_val), "n_labelled": self.n_labelled,
-                "num_classes": self.num_classes, "input_shape": list(self.input_shape)}
+                "num_classes": self.num_classes, "input_shape": list(self.input_shape),
+                "val_split": self.info.get("val_split")}
 
 
 def labelled_subset(labels: np.ndarray, per_class: int, num_classes: int, seed: int) -> np.ndarray:
@@ -64,8 +78,14 @@ def prepare_data(config, device: torch.device) -> TrainingData:
     if (y < 0).all():
         raise UsageError(f"dataset {config.dataset!r} has no labels; jemeval train needs labelled images")
     num_classes = num_classes_of(ds)
-    val_size = default_val_size(len(x)) if config.val_size is None else int(config.val_size)
-    tr, va = split_indices(len(x), val_size, config.split_seed)
+    info = dict(getattr(ds, "info", {}) or {})
+    if "val" in (declared_splits(ds) or ()):  # the dataset's own validation images
+        x_val, y_val = to_arrays(load_dataset(config.dataset, "val", root=config.data_root, download=config.download))
+        tr, info["val_split"] = np.arange(len(x)), "val"
+    else:
+        val_size = default_val_size(len(x)) if config.val_size is None else int(config.val_size)
+        tr, va = split_indices(len(x), val_size, config.split_seed)
+        x_val, y_val = x[torch.from_numpy(va)], y[torch.from_numpy(va)]
     labels = y.numpy()[tr]
     labelled = None
     if config.labels_per_class is not None:
@@ -75,11 +95,10 @@ def prepare_data(config, device: torch.device) -> TrainingData:
         raise UsageError(f"dataset {config.dataset!r} has unlabelled training images; set labels_per_class to "
                          "the number of labels to keep per class", param="labels_per_class")
     data_device = device if x.numel() * 4 <= MAX_DEVICE_BYTES else torch.device("cpu")
-    tr_t, va_t = torch.from_numpy(tr), torch.from_numpy(va)
-    info = dict(getattr(ds, "info", {}) or {})
+    tr_t = torch.from_numpy(tr)
     return TrainingData(
         x=x[tr_t].to(data_device), y=y[tr_t].to(data_device),
         labelled=None if labelled is None else labelled.to(data_device),
-        x_val=x[va_t].to(data_device), y_val=y[va_t].to(data_device),
+        x_val=x_val.to(data_device), y_val=y_val.to(data_device),
         num_classes=num_classes, input_shape=tuple(input_shape_of(ds)), info=info,
     )

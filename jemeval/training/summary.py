@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from jemeval.data import load_dataset, to_arrays
+from jemeval.data import load_dataset, no_test_split_note, to_arrays
 from jemeval.errors import JemevalError
 from jemeval.evaluation.accuracy import accuracy_on_arrays
 from jemeval.formats.native import load_state, read_checkpoint
@@ -83,7 +83,8 @@ def summarize(parts: Parts, progress: Progress, metrics: MetricsLog, status: str
 
 def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | None]:
     """Accuracy of best.pt on the test split (eval_sigma noise; logits once, no gradients), and a
-    note when that number needs one (no test split; an npz file is its own test set)."""
+    note when that number needs one: no test split at all, or a dataset without a test split of its
+    own (a single-split folder or npz, whose "test" images are the ones it trained on)."""
     cfg = parts.config
     try:
         test = load_dataset(cfg.dataset, "test", root=cfg.data_root, download=cfg.download)
@@ -91,7 +92,6 @@ def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | No
         return None, f"no test accuracy: {exc}"
     x, y = to_arrays(test)
     load_state(parts.model, read_checkpoint(best)["state_dict"], str(best))
-    note = ("npz datasets have no separate test split: this is the accuracy on the same file"
-            if cfg.dataset_name == "npz" else None)
+    note = no_test_split_note(cfg.dataset, test)  # the rule eval, calibrate and ood apply too
     return accuracy_on_arrays(parts.model, x, y, batch_size=cfg.eval_batch_size, sigma=cfg.eval_sigma,
                               seed=cfg.seed), note

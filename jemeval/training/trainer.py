@@ -25,13 +25,13 @@ from collections.abc import Callable
 from jemeval.evaluation.accuracy import accuracy_on_arrays
 from jemeval.training import feed, session
 from jemeval.training.checkpointing import restore, save_best, save_last, stored_metrics
-from jemeval.training.config import TrainConfig
+from jemeval.training.config import TrainConfig, derive_from_data
 from jemeval.training.divergence import Divergence
 from jemeval.training.parts import build, make_step
 from jemeval.training.recovery import check, check_validation, recover
 from jemeval.training.reporting import Reporter
 from jemeval.training.runstate import EpochStats, Progress
-from jemeval.training.schedule import run_rate
+from jemeval.training.schedule import run_rate, schedule_warning
 from jemeval.training.stopping import StopRequest
 from jemeval.training.summary import TrainResult, summarize
 from jemeval.training.visuals import save_epoch_grids
@@ -66,10 +66,13 @@ class Trainer:
                 status = self._train()
             finally:
                 self.report.close()  # the loggers (TensorBoard, wandb, ...), also after an error
-            return summarize(self.parts, self.progress, self.report.metrics, status)
+            result = summarize(self.parts, self.progress, self.report.metrics, status)
+            result.notes.extend(self.notes)
+            return result
 
     def _setup(self, opened: session.Session) -> None:
-        cfg = self.config = opened.config
+        # settings a dataset without defaults left to its size, where resolving could not read it yet
+        cfg = self.config = derive_from_data(opened.config)
         self.parts = p = build(cfg, opened.ctx, opened.device)
         self.progress = Progress(stats=EpochStats(p.device))
         self.report = Reporter(p.out, main=p.ctx.is_main, progress=cfg.progress, epochs=cfg.epochs,
@@ -78,6 +81,10 @@ class Trainer:
             restore(p, self.progress, opened.checkpoint, p.out / "last.pt")
             self.report.restore_rows(stored_metrics(opened.checkpoint))
         self.train_step = make_step(p, self.progress.adjustments)
+        warning = schedule_warning(cfg, feed.batch_plan(len(p.data.x), cfg.batch_size, p.ctx.world_size)[0])
+        self.notes = [warning] if warning else []
+        if warning:
+            self.report.note(warning)
 
     def _train(self) -> str:
         """Epochs until ``epochs`` are done ("completed"), or until a stop ("interrupted")."""

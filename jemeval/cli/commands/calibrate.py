@@ -35,8 +35,10 @@ def bins_rows(result) -> list[dict]:
 @click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
 @sigma_option
 @click.option("--temperature-scaling", is_flag=True,
-              help="Also fit one temperature T (a bounded search over 0.05..20 minimising the NLL) on the validation "
-                   "split the trainer held out, else a seeded train subset, and report the calibrated numbers.")
+              help="Also fit one temperature T (a bounded search over 0.05..20 minimising the NLL) on images never "
+                   "evaluated: the dataset's val split, the validation images the trainer held out, else a seeded "
+                   "train subset (a set without a test split: a seeded part left out of the evaluation); report "
+                   "the calibrated numbers.")
 @click.option("--val-size", type=int, default=5000, show_default=True,
               help="Validation images for --temperature-scaling (capped at 20% of the train split).")
 @batch_size_option()
@@ -51,7 +53,6 @@ def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scal
         hide_bins, seed, device, data_root, download, **output):
     """Calibration of a model's confidences (max softmax) on a labelled dataset.
 
-    \b
     ECE = sum_b n_b/N |acc_b - conf_b| over equal-width bins (lo, hi] (confidence 0 in the first
     bin, 1 in the last); MCE = max over non-empty bins; RMS = sqrt(sum_b n_b/N (acc_b - conf_b)^2);
     Brier = mean sum_k (p_k - 1[k=y])^2; NLL = mean -log p(y|x). --csv writes the summary; --json

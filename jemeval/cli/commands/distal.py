@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import device_option, model_option, parse_ints, resolve_device, seed_option
+from jemeval.cli.options import chain_sigma_option, device_option, model_option, parse_ints, resolve_device, seed_option
 from jemeval.cli.output import emit, output_options, progress, write_files
 from jemeval.cli.paths import Command, output_path_option
 
@@ -24,8 +24,7 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
               show_default=True,
               help="How gradients pass through refinement.")
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains averaged.")
-@click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,
-              help="Noise added to each chain before refinement (the JEM release used 0.03).")
+@chain_sigma_option(old_sigma=True)
 @output_path_option("--grid", suffix=".png", metavar="FILE.png", default="distal.png", show_default=True,
                     help="PNG grid of the images, one row per target, captioned with p(target | x).")
 @seed_option(0)
@@ -34,7 +33,6 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
 def cli(model_path, target, n, steps, lr, refine_steps, grad_mode, chains, chain_sigma, grid, seed, device, **output):
     """Distal adversarials: optimise noise until the model is confident it shows --target.
 
-    \b
     A model whose confidence follows the data density should not become confident on nonsense
     images; a plain classifier usually does. The confidence is re-measured with fresh chains.
 

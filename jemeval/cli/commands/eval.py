@@ -5,6 +5,7 @@ import click
 
 from jemeval.cli.options import (
     batch_size_option,
+    chain_sigma_option,
     data_options,
     device_option,
     model_option,
@@ -26,8 +27,7 @@ from jemeval.cli.paths import Command, dataset_option
 @click.option("--refine-steps", default="0", show_default=True,
               help="Comma-separated SGLD refinement steps K before classifying (one row each), e.g. 0,1,10.")
 @click.option("--chains", type=int, default=5, show_default=True, help="Refinement chains per input (logits averaged).")
-@click.option("--chain-sigma", type=float, default=0.0, show_default=True,
-              help="Std of the noise added to each refinement chain's copy of the input.")
+@chain_sigma_option
 @click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
               help="Refinement SGLD step size. Default: the checkpoint's training setting, else 1.0.")
 @click.option("--sgld-std", "sgld_noise", type=float, default=None,

@@ -56,10 +56,11 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
     \b
     Examples:
       jemeval fidelity --model runs/digits/best.pt --features runs/clf/best.pt --top-confident 10
-      jemeval fidelity --samples samples.npz --ref cifar10 --inception-weights weights-inception-2015-12-05-6726825d.pth
+      jemeval fidelity --samples samples.npz --ref cifar10 \\
+          --inception-weights weights-inception-2015-12-05-6726825d.pth
       jemeval fidelity --samples samples.npz --ref cifar10 --metrics fid,precision,recall \\
-          --inception-weights weights-inception-2015-12-05-6726825d.pth --vgg16-weights vgg16-397923af.pth \\
-          --ref-cache cifar10-train-features.npz
+          --inception-weights weights-inception-2015-12-05-6726825d.pth \\
+          --vgg16-weights vgg16-397923af.pth --ref-cache cifar10-train-features.npz
     """
     from jemeval.errors import UsageError
     from jemeval.evaluation.fidelity import fidelity

@@ -60,7 +60,9 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
 @output_path_option("--save-scores", suffix=".npz", metavar="FILE.npz",
                     help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
-                    help="Write score histograms (in- vs out-of-distribution, one panel per score) to FILE.png.")
+                    help="Write the figure to FILE.png: per score (one row each), histograms of in- vs "
+                         "out-of-distribution scores, ROC curves and precision-recall curves (AUROC, AUPR-In in "
+                         "the legends).")
 @seed_option(0)
 @device_option
 @data_options
@@ -70,19 +72,18 @@ def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, no_cache, me
         batch_size, save_scores, plot, seed, device, data_root, download, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
-    \b
     In-distribution is the positive class for AUROC and AUPR-In; AUPR-Out treats OOD as positive
     with negated scores; FPR95 is the fraction of OOD inputs accepted at the threshold keeping 95%
     of in-distribution inputs (lower is better). Scores: higher = more in-distribution.
 
-    \b
     Detectors (mahalanobis, knn, vim, react, dice) are fitted on the model's training images once and
-    cached, so a second run does not refit.
+    cached, so a second run does not refit. --plot draws, per score, the histograms, ROC and PR curves.
 
     \b
     Examples:
       jemeval ood --model runs/digits/best.pt --ood uniform,constant,interp,gaussian --plot ood.png
-      jemeval ood --model runs/digits/best.pt --ood near,far --score logpx,maxprob,energy,knn,vim,odin
+      jemeval ood --model runs/digits/best.pt --ood near,far \\
+          --score logpx,maxprob,energy,knn,vim,odin
     """
     from jemeval.artifacts import save_ood_scores
     from jemeval.evaluation.ood import evaluate_ood

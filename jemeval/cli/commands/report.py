@@ -12,6 +12,7 @@ from jemeval.cli.options import (
     device_option,
     eval_fraction,
     input_path_option,
+    noise_option,
     nproc_option,
     parse_epsilons,
     parse_ints,
@@ -25,6 +26,8 @@ from jemeval.errors import UsageError
 from jemeval.results import text_table
 
 SECTIONS_HELP = "accuracy, calibration, ood, robust, samples"
+#: the sections whose functions refine inputs by SGLD chains (their ``chain_sigma``)
+CHAIN_SECTIONS = ("accuracy", "robust")
 
 
 def parse_value(text: str):
@@ -53,6 +56,18 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
     return options
 
 
+def with_chain_sigma(options: dict[str, dict], chain_sigma: float | None) -> dict[str, dict]:
+    """``--chain-sigma`` as the ``chain_sigma`` option of the sections that refine (accuracy, robust);
+    a --set of the same option as well is refused, not silently overridden."""
+    if chain_sigma is None:
+        return options
+    for section in CHAIN_SECTIONS:
+        if "chain_sigma" in options.get(section, {}):
+            raise UsageError(f"--chain-sigma and --set {section}.chain_sigma both set the chain noise; give one")
+        options.setdefault(section, {})["chain_sigma"] = chain_sigma
+    return options
+
+
 @click.command("report", cls=Command)
 @config_option
 @input_path_option("--model", "models", what="an input checkpoint", multiple=True, required=True,
@@ -75,8 +90,11 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
                      "the models' training dataset.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
               help="Seeded random subset of N examples in accuracy, calibration, ood and robust.")
-@click.option("--sigma", "input_sigma", type=click.FloatRange(min=0.0), default=None,
+@noise_option("input_sigma", default=None, old_sigma=True,
               help="Noise std on evaluation inputs (accuracy, calibration, ood) [quick: 0; paper: 0.03].")
+@noise_option("chain_sigma", default=None,
+              help="Noise std on each refinement chain (accuracy and robust with --refine-steps > 0) [quick: 0; "
+                   "paper: robust 0.03].")
 @click.option("--refine-steps", default=None, help="SGLD refinement steps K for accuracy and robust, e.g. 0,1,10.")
 @dataset_option("--ood", "ood", default=None,
                 help="OOD sets, comma-separated [quick: uniform,constant,interp,gaussian; paper: the dataset's].")
@@ -92,11 +110,10 @@ def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
 @device_option
 @data_options
 @nproc_option
-def cli(models, names, preset, sections, out, force, data, n, input_sigma, refine_steps, ood, scores, norm, epsilons,
-        attacks, options, as_json, seed, device, data_root, download):
+def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain_sigma, refine_steps, ood, scores, norm,
+        epsilons, attacks, options, as_json, seed, device, data_root, download):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
 
-    \b
     Runs jemeval eval, calibrate, ood, robust and sample for every model on the same data, seeds
     and subsets and writes DIR/report.md, DIR/report.html (self-contained), DIR/report.json and
     DIR/figures/. Each (model, section) result is cached in DIR/cache as soon as it is computed:
@@ -119,7 +136,8 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, refin
         norm=None if norm is None else split_list(norm, "--norm"),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
         attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
-        download=download, options=parse_set(options), device=resolve_device(device), progress=progress(),
+        download=download, options=with_chain_sigma(parse_set(options), chain_sigma), device=resolve_device(device),
+        progress=progress(),
         config=config_provenance(),
     )
     if as_json:

@@ -5,6 +5,7 @@ import click
 
 from jemeval.cli.config import config_option
 from jemeval.cli.options import (
+    chain_sigma_option,
     data_options,
     device_option,
     model_option,
@@ -66,9 +67,7 @@ def split_attack_specs(value: str) -> list[str]:
                    "correctly (use >= 5 with refinement).")
 @click.option("--chains", type=int, default=5, show_default=True,
               help="Noisy copies of each input refined and averaged (the paper: 5).")
-@click.option("--sigma", "chain_sigma", type=float, default=0.0, show_default=True,
-              help="Std of the noise added to each chain before refinement (the JEM release used 0.03: pass "
-                   "--sigma 0.03 to reproduce it).")
+@chain_sigma_option(old_sigma=True)
 @click.option("--eot-samples", type=int, default=10, show_default=True,
               help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter).")
 @click.option("--grad-checkpoint/--no-grad-checkpoint", "checkpoint", default=None,
@@ -93,8 +92,7 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
         data_root, download, **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
-    \b
-    Each input is duplicated into --chains copies with --sigma noise, refined by K SGLD steps up
+    Each input is duplicated into --chains copies with --chain-sigma noise, refined by K SGLD steps up
     log p(x) and classified by the averaged logits (the JEM paper's defence). Every adversarial is
     re-classified with fresh chains, --draws times; an input is robust if correct clean and under
     every draw. Each robust accuracy has a 95% Wilson interval (ci_low, ci_high). Sanity checks
@@ -104,10 +102,13 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
 
     \b
     Examples:
-      jemeval robust --model runs/digits/best.pt --norm l2 --refine-steps 0,2 --grad-mode full,bpda --plot r.png
-      jemeval robust --model jem.pt --norm linf --refine-steps 0,2 --draws 5 --grad-mode full,bpda+eot \\
-          --attack apgd-ce,square,autoattack --aa-version rand --epsilons 0,4/255,8/255,1
-      jemeval robust --model jem.pt --norm linf --refine-steps 0,1,10 --steps 100 --restarts 20 --sigma 0.03
+      jemeval robust --model runs/digits/best.pt --norm l2 --refine-steps 0,2 \\
+          --grad-mode full,bpda --plot r.png
+      jemeval robust --model jem.pt --norm linf --refine-steps 0,2 --draws 5 \\
+          --grad-mode full,bpda+eot --attack apgd-ce,square,autoattack --aa-version rand \\
+          --epsilons 0,4/255,8/255,1
+      jemeval robust --model jem.pt --norm linf --refine-steps 0,1,10 --steps 100 --restarts 20 \\
+          --chain-sigma 0.03
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
     """
     from jemeval.evaluation.robustness import robust

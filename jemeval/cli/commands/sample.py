@@ -40,10 +40,11 @@ def sampling_options(fn):
 
 
 def sample_from_options(model_path: str, device: str, seed: int, **opts):
-    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options (progress on stderr)."""
+    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options (progress on stderr:
+    a bar on a terminal, stage lines in a pipe, never a bar drawn into a pipe)."""
     from jemeval.evaluation.generation import sample
 
-    return sample(model_path, device=resolve_device(device), seed=seed, progress=progress(always=True), **opts)
+    return sample(model_path, device=resolve_device(device), seed=seed, progress=progress(), **opts)
 
 
 def describe_samples(result) -> str:

@@ -1,9 +1,12 @@
 """``jemeval train DATASET``: a thin click shell over :func:`jemeval.training.train`.
 
 Unset options keep the dataset's defaults (``jemeval.training.recipes.DATASET_DEFAULTS``): the
-paper's settings for cifar10/cifar100/svhn, a laptop recipe for digits; ``--recipe fast`` lays a
-faster set of defaults over them (``jemeval.training.recipes.RECIPES``). With ``--resume`` the
-stored configuration of DIR/last.pt is used; only --epochs, --device and output options may change.
+paper's settings for cifar10/cifar100/svhn, a laptop recipe for digits; any other set gets epochs,
+lr, warm-up, decay epochs, validation and buffer sizes derived from its size
+(``jemeval.training.recipes.scaled_defaults``), each marked as derived by ``--print-config``;
+``--recipe fast`` lays a faster set of defaults over them (``jemeval.training.recipes.RECIPES``).
+With ``--resume`` the stored configuration of DIR/last.pt is used; only --epochs, --device and
+output options may change.
 A new run refuses a DIR that holds one (last.pt, best.pt or metrics.csv) unless --overwrite; one
 process at a time trains in a DIR (a lock file, see jemeval.training.rundir).
 
@@ -20,11 +23,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 
 import click
 from click.core import ParameterSource
 
-from jemeval.cli.config import config_option, config_record, render_config
+from jemeval.cli.config import canonical_keys, config_option, config_record, render_config
 from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
 
 
@@ -41,7 +45,8 @@ from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
               "give still win [default: paper].")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
                              "[default: per dataset].")
-@click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20].")
+@click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20, or more for "
+              "at least 500 iterations, at most 200].")
 @click.option("--out", "out", type=click.Path(file_okay=False), help="Run folder for best.pt, last.pt, metrics.csv, "
               "samples/ [default: runs/DATASET]; created if missing (its parent must exist). A folder holding a run "
               "needs --resume or --overwrite.")
@@ -69,7 +74,8 @@ from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
               help="Proximal sampler: inner step size (JEM++'s pyld_lr) [default: 0.2].")
 @click.option("--inner-grad-clip", type=float,
               help="Proximal sampler: inner gradient clip (JEM++'s eps) [default: 1.0].")
-@click.option("--buffer-size", type=int, help="Replay buffer size, over all processes [default: 10000; digits 1000].")
+@click.option("--buffer-size", type=int, help="Replay buffer size, over all processes [default: 10000; digits 1000; "
+              "others one chain per training image (at least a batch), at most 10000].")
 @click.option("--reinit-freq", type=float, help="Probability of restarting a chain from U(-1, 1) [default: 0.05].")
 @click.option("--short-run", is_flag=True, default=None,
               help="Non-persistent chains from U(-1, 1) every iteration (no buffer).")
@@ -81,14 +87,16 @@ from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
               help="Validation images held out with a fixed seed [default: cifar/svhn 5000; digits 150; others 10%, "
               "at most 5000].")
 @click.option("--batch-size", type=int, help="Global batch size (split evenly over --nproc processes) [default: 64].")
-@click.option("--lr", type=float, help="Learning rate [default: 1e-4; digits 3e-3].")
+@click.option("--lr", type=float, help="Learning rate [default: 1e-4; digits 3e-3; others from the training images: "
+              "3e-3 up to 1647, 1e-4 from 45000, log-linear between].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), help="Optimizer [default: adam].")
 @click.option("--momentum", type=float, help="SGD momentum [default: 0.9].")
 @click.option("--weight-decay", type=float, help="Weight decay [default: 0].")
-@click.option("--warmup-iters", type=int, help="Linear learning-rate warm-up iterations [default: 1000; digits 20].")
+@click.option("--warmup-iters", type=int, help="Linear learning-rate warm-up iterations [default: 1000; digits 20; "
+              "others 5% of the run's iterations, at most 1000].")
 @click.option("--decay-epochs",
               help="Epochs after which the lr is multiplied by --decay-rate, e.g. 50,100 [default: cifar/svhn 50,100; "
-              "digits 15; others 160,180].")
+              "digits 15; others 0.8 and 0.9 of --epochs].")
 @click.option("--decay-rate", type=float, help="Learning-rate decay factor [default: 0.3].")
 @click.option("--max-recoveries", type=int, help="Automatic divergence recoveries before giving up [default: 5].")
 @click.option("--max-val-drop", type=float, help="Roll back (as a divergence) an epoch whose validation accuracy is "
@@ -144,7 +152,8 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
     given = _given(ctx, params, compile_=compile_, decay_epochs=decay_epochs, no_progress=no_progress)
     config = resume_from(dataset, **given) if given.get("resume") else resolve_config(dataset, **given)
     if print_config:
-        click.echo(render_config(ctx.command, _config_values(ctx, config), title=_config_title(config)), nl=False)
+        text = render_config(ctx.command, _config_values(ctx, config), title=_config_title(config))
+        click.echo(_mark_derived(text, ctx.command, config.derived), nl=False)
         return
     if nproc is not None and not launched_by_torchrun(nproc):
         check_launch(config, nproc)
@@ -183,16 +192,43 @@ def _config_values(ctx: click.Context, config) -> dict:
         if key in settings and key not in ("out", "resume", "overwrite"):
             values[name] = settings[key]
     values["dataset"], values["out"] = config.dataset, config.out
+    for name in (config.derived or {}).get("pending", ()):  # null: the run derives them (a placeholder would stick)
+        values[name] = None
     values["no_progress"] = config.progress is False
     return values
+
+
+def _mark_derived(text: str, command: click.Command, derived: dict | None) -> str:
+    """``text`` with a comment above each setting derived from the data saying how (or, where the data
+    cannot be read yet, that the run derives it): reading the file back gives the same run."""
+    if not derived:
+        return text
+    keys = canonical_keys(command)
+    reasons = derived.get("settings") or dict.fromkeys(derived.get("pending", ()), "null: the run derives it from "
+                                                       f"the data's size ({derived.get('why')})")
+    lines = text.splitlines(keepends=True)
+    for name, why in reasons.items():
+        prefix = f"{keys.get(name, name.replace('_', '-'))}: "
+        at = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
+        if at is not None:
+            note = f"derived: {why}" if derived.get("settings") else why
+            lines[at:at] = [f"# {line}\n" for line in textwrap.wrap(note, 98, break_on_hyphens=False)]
+    return "".join(lines)
 
 
 def _config_title(config) -> str:
     from jemeval import __version__
 
-    return (f"jemeval train configuration ({config.dataset}; jemeval {__version__})\n"
-            "run it: jemeval train --config FILE; an option given on the command line overrides the file;\n"
-            "null leaves an option at its default; keys are the option names (- or _)")
+    title = (f"jemeval train configuration ({config.dataset}; jemeval {__version__})\n"
+             "run it: jemeval train --config FILE; an option given on the command line overrides the file;\n"
+             "null leaves an option at its default; keys are the option names (- or _)")
+    source = (config.derived or {}).get("from")
+    if source:  # a dataset without defaults of its own: what was derived, from what
+        names = ", ".join(k.replace("_", "-") for k in config.derived["settings"])
+        title += (f"\nderived from the data ({source['train_images']} training-split images, batch "
+                  f"{source['batch_size']}, {source['epochs']} epochs):\n{names};\nset one to null to derive "
+                  "it again (after changing epochs: warmup-iters, decay-epochs; docs/training.md)")
+    return title
 
 
 def _plain(obj):
