@@ -43,6 +43,7 @@ from jemeval.training import feed, session
 from jemeval.training import trainer as trainer_module
 from jemeval.training.config import resolve_config
 from jemeval.training.divergence import DivergenceMonitor
+from jemeval.training.recipes import PAPER
 from jemeval.training.reporting import Reporter
 from jemeval.training.runstate import EpochStats
 from jemeval.training.schedule import run_rate
@@ -66,7 +67,8 @@ def build_trainer(out: Path, *, arch: str, batch: int, steps: int, iterations: i
     channels_last, progress (None keeps the trainer's default)."""
     data = write_npz(out / "data.npz", iterations * batch + batch, input_shape, classes, seed)
     config = resolve_config(f"npz:{data}", arch=arch, batch_size=batch, sgld_steps=steps, val_size=batch,
-                            epochs=10 ** 6, out=str(out / "run"), device=str(device), grid_every=0, test_eval=False,
+                            epochs=10 ** 6, lr=PAPER["lr"], warmup_iters=PAPER["warmup_iters"], out=str(out / "run"),
+                            device=str(device), grid_every=0, test_eval=False,
                             seed=seed, **switches)
     return Trainer(config)
 

@@ -221,6 +221,36 @@ def test_ctrl_c_under_nproc_is_one_line(folder):
     assert said == ["Aborted!"], proc.stderr
 
 
+def test_ctrl_c_while_the_launcher_imports_torch_is_not_a_traceback(monkeypatch, capsys):
+    """Before: a Ctrl-C 2 s into `robust --nproc 2` (the launcher still importing torch) printed a
+    25-line traceback and exit status 254 beside the parent's "Aborted!"."""
+    from jemeval.runtime import launch
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run_workers", interrupted)
+    assert launch.main(["-m", "jemeval", "robust"]) == 130
+    assert capsys.readouterr() == ("", "")
+
+
+def test_an_error_raised_as_a_ctrl_c_unwinds_is_the_ctrl_c(monkeypatch, folder):
+    """Seen once on a loaded 16-core machine: Ctrl-C under --nproc ended in "unexpected RecursionError
+    ... (a bug in jemeval)": clean-up that fails while a KeyboardInterrupt unwinds is not a bug."""
+    import jemeval.cli.commands.eval as eval_command
+
+    def fails_in_clean_up(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(eval_command, "evaluate", fails_in_clean_up, raising=False)
+    monkeypatch.setattr(jemeval.evaluation.accuracy, "evaluate", fails_in_clean_up)
+    result = runner().invoke(cli, "eval --model m.pt --n 10 --device cpu".split())
+    assert result.exit_code == 130 and result.output.strip() == "Aborted!", result.output
+
+
 # -- item 18: provenance tells code versions apart -------------------------------------------------
 def test_the_version_is_one_release_everywhere():
     """pyproject, the package and CHANGELOG name one release (0.1.0 was stamped on 0.2's results)."""

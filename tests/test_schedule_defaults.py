@@ -77,6 +77,18 @@ def test_lr_runs_between_the_two_measured_recipes():
     assert rates == sorted(rates, reverse=True) and len(set(rates)) == len(rates)
 
 
+def test_only_the_recipes_architecture_gets_the_larger_small_set_lr(tmp_path):
+    """Before: a WRN-28-10 (no normalisation) on 1280 CIFAR-shaped images got the digits cnn's 3e-3 and
+    diverged within 11 iterations on an H200, every recovery too; the paper's 1e-4 trained (0 recoveries)."""
+    assert lr_for(1210, "cnn:width=8") == 3e-3 and lr_for(1210, "wrn:depth=28,widen=10,norm=none") == 1e-4
+    assert lr_for(10, "resnet") == 1e-4
+    spec = _npz(tmp_path / "d.npz", 500)
+    wrn = resolve_config(spec, arch="wrn:depth=10,widen=1,norm=none")
+    assert wrn.lr == 1e-4 and "measured only for 'cnn' models, not 'wrn'" in wrn.derived["settings"]["lr"]
+    assert resolve_config(spec, arch="cnn:width=8").lr == 3e-3 == resolve_config(spec).lr
+    assert wrn.warmup_iters == resolve_config(spec).warmup_iters  # the rest is still from the set's size
+
+
 @pytest.mark.parametrize("epochs, expected", [(1, ()), (2, ()), (3, (2,)), (5, (4,)), (10, (8, 9)), (20, (16, 18)),
                                               (150, (120, 135))])
 def test_decays_fall_before_the_last_epoch(epochs, expected):

@@ -97,6 +97,8 @@ class JemevalGroup(click.Group):
         except Exception as exc:  # a bug in jemeval or a plugin: one line unless debugging
             if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
                 raise
+            if raised_while_interrupted(exc):  # clean-up code failing as a Ctrl-C unwinds: it is the Ctrl-C
+                raise click.Abort() from None
             problem = space_problem(exc)  # a full disk met by a write that is not an atomic one
             if problem is not None:
                 where = f" writing {str(exc.filename)!r}" if getattr(exc, "filename", None) else ""
@@ -118,6 +120,18 @@ def help_width() -> int:
     when there is no terminal), at most :data:`HELP_WIDTH`, less 2; never under 50 (as click)."""
     columns = shutil.get_terminal_size(fallback=(HELP_WIDTH, 24)).columns
     return max(min(columns, HELP_WIDTH) - 2, 50)
+
+
+def raised_while_interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a Ctrl-C (KeyboardInterrupt) was being handled: its context
+    chain holds one. Such an error is a consequence of the user's Ctrl-C, not a bug to report."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__context__
+    return False
 
 
 def _quiet_worker() -> bool:

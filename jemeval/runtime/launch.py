@@ -110,5 +110,15 @@ def run_workers(argv: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str]) -> int:
+    """The launcher process's entry: :func:`run_workers`, and 130 without a word for a Ctrl-C that
+    came before torch's launcher took its signals over (while it was being imported): the workers stop
+    by themselves and the jemeval process that relaunched says "Aborted!" once."""
+    try:
+        return run_workers(argv)
+    except KeyboardInterrupt:
+        return 130
+
+
 if __name__ == "__main__":  # pragma: no cover - exercised through relaunch in the slow tests
-    sys.exit(run_workers(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

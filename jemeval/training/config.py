@@ -311,7 +311,8 @@ def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now:
         return config.replace(derived={"pending": list(keys), "why": f"the data cannot be read yet ({exc})"})
     own_val = "val" in (declared_splits(ds) or ())
     epochs = None if "epochs" in keys else config.epochs
-    settings, why = scaled_defaults(n_images, config.batch_size, epochs=epochs, own_val=own_val)
+    settings, why = scaled_defaults(n_images, config.batch_size, epochs=epochs, own_val=own_val,
+                                   arch=config.arch)
     keys = [k for k in keys if k in settings]
     source = {"train_images": n_images, "own_val_split": own_val, "epochs": settings.get("epochs", config.epochs),
               "batch_size": config.batch_size}

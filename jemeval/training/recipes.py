@@ -124,7 +124,7 @@ MAX_BUFFER = PAPER["buffer_size"]
 
 
 def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None,
-                    own_val: bool = False) -> tuple[dict, dict]:
+                    own_val: bool = False, arch: str = DIGITS["arch"]) -> tuple[dict, dict]:
     """(settings, why) for a set of ``n_images`` training-split images trained for ``epochs`` (None:
     derived too).
 
@@ -132,7 +132,10 @@ def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None
     set: 140), so a small set trains for at least 500 iterations (the digits recipe's run; at most
     200 epochs); the warm-up is a fraction of the run's iterations, so it ends; the decays are fractions
     of the epochs, so they happen; the lr is the digits recipe's (3e-3) for small sets and the paper's
-    (1e-4) for CIFAR-sized ones, because few iterations need larger steps; validation takes 10%
+    (1e-4) for CIFAR-sized ones, because few iterations need larger steps, but only for the digits
+    recipe's architecture family (``cnn``), where both ends were measured: any other ``arch`` keeps the
+    paper's 1e-4 (WRN-28-10 without normalisation diverged within 11 iterations at 3e-3 on an H200,
+    every recovery too); validation takes 10%
     (at most 5000) unless the set has its own ``val`` split; the replay buffer holds about one chain
     per training image (at least a batch, at most the paper's 10000), so chains are revisited
     within the run.
@@ -148,13 +151,12 @@ def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None
     total = per_epoch * epochs
     run = f"{total} iterations: {epochs} epochs of {per_epoch} ({n_train} images in batches of {batch_size})"
     settings.update(warmup_iters=min(MAX_WARMUP, max(1, round(WARMUP_FRACTION * total))),
-                    decay_epochs=decay_epochs_for(epochs), lr=lr_for(n_train),
+                    decay_epochs=decay_epochs_for(epochs), lr=lr_for(n_train, arch),
                     buffer_size=min(MAX_BUFFER, max(n_train, batch_size)))
     why.update({"warmup_iters": f"{WARMUP_FRACTION:.0%} of the run's {run}, at most {MAX_WARMUP}",
                 "decay_epochs": f"{' and '.join(f'{f:g}' for f in DECAY_FRACTIONS)} of the {epochs} epochs (the "
                                 "release's 160, 180 of 200), those before the last",
-                "lr": f"for {n_train} training images: {LR_SMALL[1]:g} (the digits recipe's) up to {LR_SMALL[0]}, "
-                      f"{LR_LARGE[1]:g} (the paper's) from {LR_LARGE[0]}, log-linear between",
+                "lr": lr_reason(n_train, arch),
                 "buffer_size": f"one chain per training image ({n_train}), at least a batch, at most {MAX_BUFFER}"})
     if not own_val:
         settings["val_size"] = val
@@ -167,8 +169,25 @@ def decay_epochs_for(epochs: int) -> tuple[int, ...]:
     return tuple(sorted({e for e in (round(f * epochs) for f in DECAY_FRACTIONS) if 1 <= e < epochs}))
 
 
-def lr_for(n_train: int) -> float:
-    """The lr for ``n_train`` training images (two significant digits): see :data:`LR_SMALL`."""
+def scales_lr(arch: str) -> bool:
+    """Whether the lr is scaled with the set size for ``arch``: only in the family it was measured on."""
+    return parse_spec(arch).name == parse_spec(DIGITS["arch"]).name
+
+
+def lr_reason(n_train: int, arch: str) -> str:
+    """Why :func:`lr_for` chose its lr, for ``derived`` and ``--print-config``."""
+    if not scales_lr(arch):
+        return (f"the paper's {LR_LARGE[1]:g}: the larger small-set lr was measured only for "
+                f"{parse_spec(DIGITS['arch']).name!r} models, not {parse_spec(arch).name!r}")
+    return (f"for {n_train} training images: {LR_SMALL[1]:g} (the digits recipe's) up to {LR_SMALL[0]}, "
+            f"{LR_LARGE[1]:g} (the paper's) from {LR_LARGE[0]}, log-linear between")
+
+
+def lr_for(n_train: int, arch: str = DIGITS["arch"]) -> float:
+    """The lr for ``n_train`` training images of an ``arch`` model (two significant digits): see
+    :data:`LR_SMALL`; the paper's for an architecture outside the digits recipe's family."""
+    if not scales_lr(arch):
+        return LR_LARGE[1]
     (n0, lr0), (n1, lr1) = LR_SMALL, LR_LARGE
     t = min(max((math.log(n_train) - math.log(n0)) / (math.log(n1) - math.log(n0)), 0.0), 1.0)
     return float(f"{math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0))):.2g}")
