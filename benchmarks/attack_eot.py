@@ -30,7 +30,7 @@ import argparse
 import torch
 from timing import add_common_args, header, interleave, setup
 
-from jemeval.builtins.autoattack import apgd_ce
+from jemeval.builtins.torchattacks_attacks import apgd_ce
 from jemeval.data import load_dataset, to_arrays
 from jemeval.energy.factory import create_model
 from jemeval.sampling.refinement import EOT_MODES, RefinedClassifier

@@ -47,8 +47,8 @@ from trainer_overhead import build_trainer, end_epoch_only_counts, write_npz
 from jemeval.builtins.scores import gradnorm
 from jemeval.energy.factory import create_model
 from jemeval.runtime.fastpath import FastPath
-from jemeval.training import session
 from jemeval.training.recipes import PAPER
+from jemeval.training.trainer import opened
 
 FULL = {"smoke": False, "warmup": 2, "arch": "wrn:depth=28,widen=10,norm=none", "batch": 64, "steps": 20,
         "repeats": 5, "iterations": 20, "buffer": 10000,
@@ -166,8 +166,8 @@ def trainer_row(size: dict, device: torch.device, tmp: Path) -> tuple[str, dict]
     trainer = build_trainer(tmp / "trainer", arch=size["arch"], batch=size["batch"], steps=size["steps"],
                             iterations=size["iterations"], input_shape=SHAPE, classes=CLASSES, device=device,
                             progress=False)
-    with session.opened(trainer.config) as opened:
-        trainer._setup(opened)
+    with opened(trainer.config) as session:
+        trainer._setup(session)
         end_epoch_only_counts(trainer)
         result = measure(trainer._epoch, max(1, size["repeats"] // 2), device, min(1, size["warmup"]))
     free(device)

@@ -44,9 +44,9 @@ from timing import header, setup
 
 from jemeval.errors import TrainingDiverged
 from jemeval.evaluation.accuracy import evaluate
-from jemeval.evaluation.ood import evaluate_ood
+from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.training import train
-from jemeval.training.feed import batch_plan
+from jemeval.training.ddp import batch_plan
 from jemeval.training.recipes import DIGITS, RECIPES
 
 #: the release's sampler on the digits recipe (docs/training.md, "Recipes")
@@ -105,10 +105,10 @@ def run(settings: dict, seed: int, device: str) -> list[dict]:
     def on_step(trainer) -> None:
         p = trainer.parts
         iterations, _ = batch_plan(len(p.data.x), trainer.config.batch_size, p.ctx.world_size)
-        if trainer.progress.batch != iterations:
+        if trainer.position.batch != iterations:
             return
         w0, c0 = time.perf_counter(), time.process_time()
-        point = {"epoch": trainer.progress.epoch + 1, "wall": w0 - start_wall - clock["eval_wall"],
+        point = {"epoch": trainer.position.epoch + 1, "wall": w0 - start_wall - clock["eval_wall"],
                  "cpu": c0 - start_cpu - clock["eval_cpu"], **measure(p.model)}
         curve.append(point)
         clock["eval_wall"] += time.perf_counter() - w0

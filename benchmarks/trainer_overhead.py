@@ -39,16 +39,14 @@ import numpy as np
 import torch
 from timing import add_common_args, header, interleave, setup, sync
 
-from jemeval.training import feed, session
+from jemeval.training import ddp, splits
 from jemeval.training import trainer as trainer_module
+from jemeval.training.checkpointing import EpochStats
 from jemeval.training.config import resolve_config
 from jemeval.training.divergence import DivergenceMonitor
 from jemeval.training.recipes import PAPER
 from jemeval.training.reporting import Reporter
-from jemeval.training.runstate import EpochStats
-from jemeval.training.schedule import run_rate
-from jemeval.training.stopping import StopRequest
-from jemeval.training.trainer import Trainer
+from jemeval.training.trainer import StopRequest, Trainer, opened, run_rate
 
 
 def write_npz(path: Path, n: int, shape: tuple[int, ...], classes: int, seed: int) -> Path:
@@ -75,15 +73,15 @@ def build_trainer(out: Path, *, arch: str, batch: int, steps: int, iterations: i
 
 def epoch_batches(trainer: Trainer) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The current epoch's batches, sliced beforehand (what ``step`` trains on)."""
-    p, s = trainer.parts, trainer.progress
-    iterations, size = feed.batch_plan(len(p.data.x), trainer.config.batch_size, p.ctx.world_size)
-    feed.epoch_order(s, len(p.data.x), p.ctx, trainer.config.seed, p.generator.device)
-    return [feed.batch(p.data, s, b, size, p.generator, p.device)[:2] for b in range(iterations)]
+    p, s = trainer.parts, trainer.position
+    iterations, size = ddp.batch_plan(len(p.data.x), trainer.config.batch_size, p.ctx.world_size)
+    splits.epoch_order(s, len(p.data.x), p.ctx, trainer.config.seed, p.generator.device)
+    return [splits.batch(p.data, s, b, size, p.generator, p.device)[:2] for b in range(iterations)]
 
 
 def variants(trainer: Trainer, batches, device: torch.device) -> dict:
     """The loops to compare, each ``len(batches)`` iterations on the trainer's model and data."""
-    cfg, p, s = trainer.config, trainer.parts, trainer.progress
+    cfg, p, s = trainer.config, trainer.parts, trainer.position
 
     def step_median():
         times = []
@@ -102,10 +100,10 @@ def variants(trainer: Trainer, batches, device: torch.device) -> dict:
             trainer.train_step(x, y)
 
     def step_feed():
-        iterations, size = feed.batch_plan(len(p.data.x), cfg.batch_size, p.ctx.world_size)
-        feed.epoch_order(s, len(p.data.x), p.ctx, cfg.seed, p.generator.device)
+        iterations, size = ddp.batch_plan(len(p.data.x), cfg.batch_size, p.ctx.world_size)
+        splits.epoch_order(s, len(p.data.x), p.ctx, cfg.seed, p.generator.device)
         for b in range(iterations):
-            x, y, x_data = feed.batch(p.data, s, b, size, p.generator, p.device)
+            x, y, x_data = splits.batch(p.data, s, b, size, p.generator, p.device)
             for group in p.optimizer.param_groups:
                 group["lr"] = run_rate(cfg, s.step, s.epoch, s.adjustments.lr_scale)
             trainer.train_step(x, y, x_data)
@@ -127,7 +125,7 @@ def variants(trainer: Trainer, batches, device: torch.device) -> dict:
 
 def end_epoch_only_counts(trainer: Trainer) -> None:
     """The epoch's end (validation, checkpoints) is not what is measured: just start the next epoch."""
-    trainer._end_epoch = lambda started: trainer.progress.next_epoch()
+    trainer._end_epoch = lambda started: trainer.position.next_epoch()
 
 
 @contextmanager
@@ -143,7 +141,7 @@ def timed_parts(trainer: Trainer, totals: dict[str, float], counts: dict[str, in
                 counts[name] += 1
         return timed
 
-    patches = [(feed, "batch", "feed (indexing)"), (trainer_module, "run_rate", "lr schedule"),
+    patches = [(trainer_module, "batch", "feed (indexing)"), (trainer_module, "run_rate", "lr schedule"),
                (EpochStats, "add", "epoch statistics"), (DivergenceMonitor, "record", "monitor.record"),
                (trainer_module, "check", "divergence check (sync)"),
                (Reporter, "show_stats", "progress postfix (sync)"), (StopRequest, "agreed", "stop request")]
@@ -255,8 +253,8 @@ def main(argv=None) -> None:
                                 iterations=args.iterations, classes=args.classes, device=device, seed=args.seed,
                                 input_shape=tuple(int(s) for s in args.input_shape.split(",")), compile=args.compile,
                                 bf16=args.bf16, channels_last=args.channels_last, progress=args.progress)
-        with session.opened(trainer.config) as opened:
-            trainer._setup(opened)
+        with opened(trainer.config) as session:
+            trainer._setup(session)
             end_epoch_only_counts(trainer)
             print(header(f"trainer overhead: {args.arch}, batch {args.batch}, {args.steps} SGLD steps, "
                          f"{args.iterations} iterations per epoch", device))

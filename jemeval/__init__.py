@@ -8,7 +8,9 @@ Public API (README.md, Conventions)::
     jemeval.names("score")                                 # ['energy', 'gradnorm', ...]
     score = jemeval.get("score", "logpx")
 
-Plugins implement hooks marked with :data:`jemeval.hookimpl` (see docs/plugins.md).
+Plugins implement hooks marked with :data:`jemeval.hookimpl` (see docs/plugins.md) and subclass the
+component bases :class:`jemeval.Detector` and :class:`jemeval.Attack` (a score is a function, the
+:class:`jemeval.Score` protocol, declared with :func:`jemeval.score`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from jemeval.hookspecs import hookimpl  # noqa: E402
 __all__ = [
     "__version__", "hookimpl", "ood_metric", "calibration_metric", "pixel_to_model_scale",
     "EnergyModel", "SGLD", "ReplayBuffer", "load_model", "load_dataset", "create_model",
-    "get", "names", "save_checkpoint",
+    "get", "names", "save_checkpoint", "Detector", "Attack", "Score", "score", "RunContext", "CachePolicy",
     "train", "evaluate_ood", "calibrate", "evaluate", "robust", "sample", "fidelity", "report",
 ]
 
@@ -34,14 +36,22 @@ _LAZY = {
     "create_model": ("jemeval.energy.factory", "create_model"),
     "get": ("jemeval.plugins", "get"),
     "names": ("jemeval.plugins", "names"),
+    # the component bases (jemeval.components): subclass them in a plugin
+    "Detector": ("jemeval.components.detector", "Detector"),
+    "Attack": ("jemeval.components.attack", "Attack"),
+    "Score": ("jemeval.components.score", "Score"),
+    "score": ("jemeval.components.score", "score"),
+    # the run's context every entry point takes (seed, device, batch size, progress, data, cache policy)
+    "RunContext": ("jemeval.context", "RunContext"),
+    "CachePolicy": ("jemeval.context", "CachePolicy"),
     # capability entry points, one per command (see each module for details)
     "train": ("jemeval.training", "train"),
-    "evaluate_ood": ("jemeval.evaluation.ood", "evaluate_ood"),
+    "evaluate_ood": ("jemeval.evaluation.ood.evaluate", "evaluate_ood"),
     "calibrate": ("jemeval.evaluation.calibration", "calibrate"),
     "evaluate": ("jemeval.evaluation.accuracy", "evaluate"),
-    "robust": ("jemeval.evaluation.robustness", "robust"),
+    "robust": ("jemeval.evaluation.robust.evaluate", "robust"),
     "sample": ("jemeval.evaluation.generation", "sample"),
-    "fidelity": ("jemeval.evaluation.fidelity", "fidelity"),
+    "fidelity": ("jemeval.evaluation.fidelity.evaluate", "fidelity"),
     "report": ("jemeval.reports.build", "report"),
 }
 

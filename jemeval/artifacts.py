@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from jemeval.atomic import atomic_path
-from jemeval.deprecations import warn_deprecated
+from jemeval.deprecations import warn_deprecated, writer_of
 from jemeval.errors import UsageError
-from jemeval.plots.grids import save_samples_grid
 from jemeval.results import Artifact, Result, _plain
+
+#: what draws a Samples grid (named, not imported: plots sit above this module)
+GRID_WRITER = "jemeval.plots.grids:save_samples_grid"
 
 
 # -- OOD scores ----------------------------------------------------------------------------------
@@ -131,8 +133,11 @@ class Samples(Artifact):
         return Path(path)
 
     def save_grid(self, path: str | os.PathLike, per_row: int = 10) -> Path:
-        """A PNG grid, one row per class (see :func:`jemeval.plots.grids.save_samples_grid`)."""
-        return save_samples_grid(self, path, per_row=per_row)
+        """Deprecated: :func:`jemeval.plots.grids.save_samples_grid` draws the grid (data does not draw
+        itself: this module sits below the plots). Kept for one release, the writer named by its path."""
+        writer, where = writer_of(GRID_WRITER)
+        warn_deprecated(f"Samples.save_grid(path) is deprecated; call {where}(samples, path)")
+        return writer(self, path, per_row=per_row)
 
 
 class SamplesResult(Result):

@@ -3,7 +3,8 @@
 Every dataset yields ``(x, y)`` with x a float tensor C x H x W in [-1, 1] and y an int (``-1`` for
 unlabelled sets such as ``uniform``). Names are specs (:func:`jemeval.registry.parse_spec`):
 ``digits``, ``digits[0-4]`` (a class subset), ``interp:digits``, ``npz:/path/file.npz``.
-:func:`split_indices` defines the validation split training holds out, which calibration reuses.
+:func:`split_indices` defines the validation split training holds out; :func:`held_out_indices` finds it
+again from a checkpoint (detector fitting, tuning and temperature scaling keep those images apart).
 
 A dataset declares the splits its source really has in a ``splits`` attribute (``("train", "test")``
 for digits, an image folder with ``train/`` and ``test/``, an npz with ``x_train``/``x_test``); a
@@ -237,6 +238,27 @@ def split_indices(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndar
                          "use a smaller validation split", param="val_size")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+
+
+def held_out_indices(model: Any, data: str, n_train: int) -> np.ndarray | None:
+    """The train-split indices ``jemeval train`` held out for validation (:func:`split_indices`), if the
+    checkpoint's config describes them (``val_size`` and ``split_seed``), ``data`` is its training set
+    (the same files, however the path is written) and training carved them out of the train split (a
+    dataset with a ``val`` split of its own was validated on that instead: nothing was held out of
+    train). Detector fitting, tuning and temperature scaling keep these images apart."""
+    config = (getattr(model, "metadata", None) or {}).get("config") or {}
+    if not isinstance(config, dict) or "split_seed" not in config or not isinstance(config.get("dataset"), str):
+        return None
+    if absolute_spec(config["dataset"]) != absolute_spec(data):
+        return None
+    resolved = config.get("resolved") if isinstance(config.get("resolved"), dict) else {}
+    if isinstance(resolved.get("data"), dict) and resolved["data"].get("val_split"):
+        return None
+    val_size = config.get("val_size")
+    val_size = default_val_size(n_train) if val_size is None else int(val_size)
+    if val_size <= 0 or val_size >= n_train:
+        return None
+    return split_indices(n_train, val_size, int(config["split_seed"]))[1]
 
 
 # -- splits: which images a dataset keeps apart --------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -75,3 +76,39 @@ def deprecated_keywords(*, renamed: Mapping[str, str] | None = None, outputs: Ma
         return wrapper
 
     return decorate
+
+
+def moved_names(old_module: str, new_homes: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a module whose names moved: ``new_homes`` maps each old name to
+    ``"new.module"`` (same name) or ``"new.module:new_name"``. Reading one still works and warns,
+    naming the new path (as timm keeps ``timm.models.layers`` importing from ``timm.layers``)."""
+    def __getattr__(name: str) -> Any:
+        if name not in new_homes:
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        module, _, new_name = new_homes[name].partition(":")
+        new_name = new_name or name
+        warn_deprecated(f"{old_module}.{name} moved to {module}.{new_name}")
+        return getattr(importlib.import_module(module), new_name)
+
+    return __getattr__
+
+
+_MISSING = object()
+
+
+def moved_module(old_module: str, new_module: str) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of an alias module kept at a moved module's old path: the public names
+    of ``new_module`` (its ``__all__``, what it defines, its constants; not what it merely imports)
+    still read from ``old_module``, each with a warning naming the new path. Any other name is an
+    AttributeError, as for any module."""
+    def __getattr__(name: str) -> Any:
+        module = importlib.import_module(new_module)
+        value = getattr(module, name, _MISSING) if not name.startswith("_") else _MISSING
+        home = getattr(value, "__module__", new_module) if callable(value) else new_module
+        imported = inspect.ismodule(value) or home != new_module
+        if value is _MISSING or (imported and name not in getattr(module, "__all__", ())):
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        warn_deprecated(f"{old_module} moved to {new_module}: import {name} from there")
+        return value
+
+    return __getattr__

@@ -13,7 +13,9 @@
 * :func:`tiny_model`, :func:`tiny_dataset`: small, fast, deterministic stand-ins.
 * :func:`check_model`, :func:`check_dataset`, :func:`check_score`, :func:`check_detector`,
   :func:`check_metric`, :func:`check_attack`: contract checks that raise ``AssertionError`` with a
-  message saying which part of the contract a component breaks.
+  message saying which part of the contract a component breaks. Detectors and attacks are checked
+  as the bases :class:`jemeval.Detector` and :class:`jemeval.Attack` declare them (a duck-typed one
+  of 0.2 is adapted first, with its DeprecationWarning, as the evaluation adapts it).
 """
 from __future__ import annotations
 
@@ -27,10 +29,13 @@ import torch
 from torch import nn
 
 from jemeval.components import NORMS, is_detector, metric_task
+from jemeval.components.adapters import as_attack, new_detector
+from jemeval.components.attack import Attack
+from jemeval.components.detector import Detector, NotFittedError
+from jemeval.components.score import as_score
 from jemeval.data import ArrayDataset, to_arrays
 from jemeval.energy.model import EnergyModel, log_p
-from jemeval.evaluation.batching import new_detector
-from jemeval.evaluation.threat import perturbation_norm
+from jemeval.evaluation.robust.threat import perturbation_norm
 from jemeval.plugins import get_plugin_manager
 
 
@@ -122,7 +127,7 @@ def check_dataset(factory_or_name: Any, split: str = "test", **options) -> Any:
 def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8, **options) -> torch.Tensor:
     """A score maps (model, x) to a finite Tensor[N]; it is per-example (batch-independent), leaves the
     model's mode, parameters and their gradients untouched, and is deterministic for an eval-mode model."""
-    score = _component("score", score_or_name)
+    score = as_score(_component("score", score_or_name))
     model = model or tiny_model()
     model.eval()
     x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
@@ -138,49 +143,82 @@ def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8
     halves = torch.cat([score(model, x[: n // 2], **options), score(model, x[n // 2:], **options)])
     assert torch.allclose(halves.detach(), s.detach(), rtol=1e-4, atol=1e-5), \
         "score of an example depends on the rest of the batch"
+    _check_declared_forms(score, model, x, s, options)
     return s
+
+
+def _check_declared_forms(score: Any, model: EnergyModel, x: torch.Tensor, s: torch.Tensor, options: dict) -> None:
+    """A score's ``from_logits`` / ``from_features`` forms give what the score gives."""
+    if score.from_logits is None and score.from_features is None:
+        return
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    if score.from_logits is not None:
+        assert torch.allclose(score.from_logits(logits, **options).double(), s.double(), rtol=1e-5, atol=1e-6), \
+            "from_logits(logits) differs from score(model, x)"
+    if score.from_features is not None:
+        from_features = score.from_features(model, features, logits, **options)
+        assert torch.allclose(from_features.double(), s.double(), rtol=1e-5, atol=1e-6), \
+            "from_features(model, features, logits) differs from score(model, x)"
 
 
 def check_detector(detector_or_name: Any, model: EnergyModel | None = None, dataset: Any = None, n: int = 8,
                    **options) -> torch.Tensor:
-    """A detector fits on in-distribution data (``dataset``, default 64 tiny images), then scores as a
-    score must (:func:`check_score`). Its optional parts agree with the required ones: ``state_dict()``
-    holds tensors and plain values (``torch.load(weights_only=True)`` reads it) and restores the same
-    scores in a fresh copy; ``score_features`` equals ``score``; ``fit_features`` fits as ``fit`` does."""
+    """A detector is a :class:`jemeval.Detector` that refuses to score before it is fitted, fits on
+    in-distribution data (``dataset``, default 64 tiny images), then scores as a score must
+    (:func:`check_score`). What it declares holds: a ``cacheable`` one's ``state_dict()`` holds tensors
+    and plain values (``torch.load(weights_only=True)`` reads it) and restores the same scores in a
+    fresh copy; with ``uses_features``, ``score_features`` equals ``score`` and ``fit_features`` fits
+    as ``fit`` does."""
     obj = _component("score", detector_or_name)
-    assert is_detector(obj), "a detector has fit(model, dataset, **options) and score(model, x)"
+    assert is_detector(obj), "a detector subclasses jemeval.Detector (fit(model, dataset, **options), score(model, x))"
     model = (model or tiny_model()).eval()
     dataset = dataset if dataset is not None else tiny_dataset(64, model.input_shape, model.num_classes)
     detector = new_detector(obj)
+    assert isinstance(detector, Detector)
+    x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    if detector.needs_fit:
+        try:
+            detector.score(model, x)
+        except NotFittedError:
+            pass
+        else:
+            raise AssertionError("score(model, x) before fit(...) must raise jemeval's NotFittedError")
     detector.fit(model, dataset, **options)
     s = check_score(lambda m, x: detector.score(m, x), model, n)
-    x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
-    if callable(getattr(detector, "state_dict", None)):
-        buffer = io.BytesIO()
-        torch.save(detector.state_dict(), buffer)
-        try:
-            state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-        except Exception as exc:
-            raise AssertionError(f"state_dict() must hold tensors and plain values only ({exc})") from None
-        fresh = new_detector(obj)
-        fresh.load_state_dict(state)
-        assert torch.allclose(fresh.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
-            "load_state_dict(state_dict()) does not restore the fitted detector's scores"
-    if callable(getattr(detector, "score_features", None)) or callable(getattr(detector, "fit_features", None)):
-        with torch.no_grad():
-            features, logits = model.features_and_logits(x)
-    if callable(getattr(detector, "score_features", None)):
-        assert torch.allclose(detector.score_features(features, logits).double(), s.double(), rtol=1e-5,
-                              atol=1e-6), "score_features(features, logits) differs from score(model, x)"
-    if callable(getattr(detector, "fit_features", None)):
-        xs, ys = to_arrays(dataset)
-        with torch.no_grad():
-            fit_f, fit_l = model.features_and_logits(xs)
-        other = new_detector(obj)
-        other.fit_features(model, fit_f, fit_l, ys, **options)
-        assert torch.allclose(other.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
-            "fit_features(model, features, logits, labels) fits differently from fit(model, dataset)"
+    if detector.cacheable:
+        _check_state_dict(obj, detector, model, x, s)
+    if detector.uses_features:
+        _check_feature_forms(obj, detector, model, dataset, x, s, options)
     return s
+
+
+def _check_state_dict(obj: Any, detector: Detector, model: EnergyModel, x: torch.Tensor, s: torch.Tensor) -> None:
+    buffer = io.BytesIO()
+    torch.save(detector.state_dict(), buffer)
+    try:
+        state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except Exception as exc:
+        raise AssertionError(f"state_dict() must hold tensors and plain values only ({exc})") from None
+    fresh = new_detector(obj)
+    fresh.load_state_dict(state)
+    assert torch.allclose(fresh.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
+        "load_state_dict(state_dict()) does not restore the fitted detector's scores"
+
+
+def _check_feature_forms(obj: Any, detector: Detector, model: EnergyModel, dataset: Any, x: torch.Tensor,
+                         s: torch.Tensor, options: dict) -> None:
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    assert torch.allclose(detector.score_features(features, logits).double(), s.double(), rtol=1e-5, atol=1e-6), \
+        "score_features(features, logits) differs from score(model, x)"
+    xs, ys = to_arrays(dataset)
+    with torch.no_grad():
+        fit_f, fit_l = model.features_and_logits(xs)
+    other = new_detector(obj)
+    other.fit_features(model, fit_f, fit_l, ys, **options)
+    assert torch.allclose(other.score(model, x).double(), s.double(), rtol=1e-5, atol=1e-6), \
+        "fit_features(model, features, logits, labels) fits differently from fit(model, dataset)"
 
 
 def check_metric(metric_or_name: Any) -> float:
@@ -208,15 +246,21 @@ def check_metric(metric_or_name: Any) -> float:
 
 def check_attack(factory_or_name: Any, norm: str = "linf", epsilons: Sequence[float] = (0.0, 0.05, 0.2),
                  model: EnergyModel | None = None, **options) -> torch.Tensor:
-    """An attack returns one batch per epsilon, each inside its epsilon ball (pixel units, i.e. 2*eps in
-    model space) and inside [-1, 1]; epsilon 0 returns the clean inputs."""
+    """An attack is a :class:`jemeval.Attack` that supports ``norm``; it returns one batch per epsilon,
+    each inside its epsilon ball (pixel units, i.e. 2*eps in model space) and inside [-1, 1], and
+    leaves the model's mode, parameters and their gradients as they were."""
     assert norm in NORMS, f"norm must be one of {NORMS}"
     factory = _component("attack", factory_or_name)
-    attack = factory(norm, **options)
+    attack = as_attack(factory(norm, **options), norm)
+    assert isinstance(attack, Attack) and norm in attack.norms, f"attack does not declare norm {norm!r} in its norms"
+    assert isinstance(attack.settings, dict), "attack.settings must be a dict (recorded in the results)"
     model = model or tiny_model()
     x = torch.rand(6, *model.input_shape, generator=torch.Generator().manual_seed(2)) * 2 - 1
     y = model.predict(x).detach()
+    mode, before = model.training, [p.detach().clone() for p in model.parameters()]
     advs = attack(model, x, y, list(epsilons))
+    assert model.training == mode, "attack changed the model's train/eval mode"
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "attack changed the parameters"
     assert torch.is_tensor(advs) and advs.shape == (len(epsilons), *x.shape), (
         f"attack must return Tensor[{len(epsilons)}, {', '.join(map(str, x.shape))}], "
         f"got {getattr(advs, 'shape', type(advs))}")

@@ -31,7 +31,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jemeval"
 DOC = PACKAGE.parent / "docs" / "architecture.md"
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 
 
@@ -217,6 +217,10 @@ LAYERS = [
     ("jemeval.training", "jemeval.reports"),
     ("jemeval.plots", "jemeval.reports"),
     ("jemeval.caches", "jemeval.reports"),
+    # the run context is core: every layer above takes it, it knows none of them
+    ("jemeval.context", "jemeval.evaluation"),
+    ("jemeval.context", "jemeval.training"),
+    ("jemeval.context", "jemeval.reports"),
 ]
 
 
@@ -226,6 +230,25 @@ def test_layers_import_one_way(layer, forbidden):
     graph = import_graph()
     bad = sorted((m, t) for m, ts in graph.items() if _within(m, layer) for t in ts if _within(t, forbidden))
     assert bad == [], f"{layer} must not import {forbidden}: {bad}"
+
+
+#: the modules directly in jemeval/ that may draw or present: the public API (lazy), ``python -m``, the
+#: plugin commands' group; every other top-level module is the core and draws nothing
+PRESENTATION_TOP_LEVEL = {"jemeval", "jemeval.__main__", "jemeval.command_group"}
+
+
+def test_nothing_below_the_plots_imports_them():
+    """Data and the core never draw: evaluation/, sampling/, formats/, energy/, runtime/, caches/ and
+    the top-level modules (artifacts, results, data, ...) do not import plots/, even inside a function."""
+    low = ("jemeval.evaluation", "jemeval.sampling", "jemeval.formats", "jemeval.energy", "jemeval.runtime",
+           "jemeval.caches")
+    top = [m for m, path in MODULES.items() if m.count(".") == 1 and path.name != "__init__.py"
+           and m not in PRESENTATION_TOP_LEVEL]
+    assert "jemeval.artifacts" in top and "jemeval.results" in top
+    graph = import_graph()
+    bad = sorted((m, t) for m, ts in graph.items() if (any(_within(m, p) for p in low) or m in top)
+                 for t in ts if _within(t, "jemeval.plots") or _within(t, "jemeval.cli"))
+    assert bad == [], f"these import plots/ or cli/ from below them: {bad}"
 
 
 def test_nothing_below_the_command_line_imports_it():

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import jemeval
-from jemeval.builtins import attacks
+from jemeval.builtins import foolbox_attacks as attacks
 from jemeval.data import subsample
 from jemeval.errors import JemevalError, UsageError
-from jemeval.evaluation.robustness import robust
-from jemeval.evaluation.threat import perturbation_norm, project_to_ball
+from jemeval.evaluation.robust.evaluate import robust
+from jemeval.evaluation.robust.threat import perturbation_norm, project_to_ball
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +216,8 @@ NO_FILTERS = textwrap.dedent("""
 
     del sys.modules["scipy.ndimage.filters"], scipy.ndimage.filters
     sys.meta_path.insert(0, NoFilters())
-    import jemeval.builtins.attacks as attacks
-    import jemeval.builtins.autoattack
+    import jemeval.builtins.foolbox_attacks as attacks
+    import jemeval.builtins.torchattacks_attacks
 
     fb = attacks.import_foolbox()
     import foolbox.attacks.blur as blur

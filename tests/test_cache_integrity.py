@@ -21,9 +21,9 @@ from test_bad_inputs import assert_one_line_refusal, runner
 import jemeval
 import jemeval.caches.detectors as detector_cache
 from jemeval.cli import cli
-from jemeval.evaluation import fidelity as fidelity_module
-from jemeval.evaluation.fidelity import fidelity
-from jemeval.evaluation.ood import evaluate_ood
+from jemeval.evaluation.fidelity import evaluate as fidelity_module
+from jemeval.evaluation.fidelity.evaluate import fidelity
+from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.formats.native import save_checkpoint
 
 

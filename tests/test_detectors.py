@@ -18,7 +18,7 @@ from jemeval.builtins import detectors, scores
 from jemeval.caches.detectors import cache_dir
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
-from jemeval.evaluation.ood import evaluate_ood
+from jemeval.evaluation.ood.evaluate import evaluate_ood
 
 
 @pytest.fixture(scope="module")

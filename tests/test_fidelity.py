@@ -16,8 +16,8 @@ from click.testing import CliRunner
 import jemeval
 from jemeval.cli import cli
 from jemeval.errors import CheckpointError, JemevalError, UsageError
-from jemeval.evaluation import fidelity as fid_mod
-from jemeval.evaluation.fidelity import (
+from jemeval.evaluation.fidelity import evaluate as fid_mod
+from jemeval.evaluation.fidelity.evaluate import (
     check_inception_weights,
     extract_features,
     feature_statistics,
@@ -313,7 +313,7 @@ def test_metrics_equal_torch_fidelitys_own_pipeline(small_inception, random_ince
     features); the numbers are those of torch_fidelity.calculate_metrics on the same inputs."""
     import torch_fidelity
 
-    from jemeval.evaluation.inception import Uint8Images, verified_weights
+    from jemeval.evaluation.fidelity.inception import Uint8Images, verified_weights
 
     x, ref = _images(12, 0), _images(10, 1)
     res = fidelity(x, ref, inception_weights=random_inception_weights, feature_extractor="inception-v3-compat",
@@ -338,7 +338,7 @@ def test_metrics_equal_torch_fidelitys_own_pipeline(small_inception, random_ince
 @pytest.mark.slow
 def test_reference_features_are_cached_and_checked(small_inception, random_inception_weights, tmp_path,
                                                    monkeypatch):
-    from jemeval.evaluation import extractors
+    from jemeval.evaluation.fidelity import extractors
 
     x, ref, cache = _images(8, 0), _images(9, 1), tmp_path / "ref.npz"
     first = fidelity(x, ref, inception_weights=random_inception_weights, metrics="fid,kid", ref_cache=cache,

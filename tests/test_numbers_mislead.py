@@ -17,16 +17,16 @@ from test_bad_inputs import runner
 from test_nonfinite_outputs import save_digits_cnn
 from torch import nn
 
-from jemeval.builtins import autoattack as ta_attacks
+from jemeval.builtins import torchattacks_attacks as ta_attacks
 from jemeval.cli import cli
 from jemeval.data import ArrayDataset, load_dataset, subsample
 from jemeval.energy.model import EnergyModel
 from jemeval.evaluation.batching import resolve_scores, run_batches
 from jemeval.evaluation.metrics import auroc
-from jemeval.evaluation.ood import evaluate_ood
-from jemeval.evaluation.ood_fit import fit_sets
-from jemeval.evaluation.robust_checks import reaches_everything
-from jemeval.evaluation.robustness import check_epsilons, robust
+from jemeval.evaluation.ood.evaluate import evaluate_ood
+from jemeval.evaluation.ood.fit import fit_sets
+from jemeval.evaluation.robust.checks import reaches_everything
+from jemeval.evaluation.robust.evaluate import check_epsilons, robust
 from jemeval.reports.sections import run_section
 from jemeval.reports.settings import PRESETS, resolve_options
 from jemeval.testing import TinyNet, tiny_model

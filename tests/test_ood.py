@@ -16,7 +16,7 @@ from jemeval.artifacts import save_ood_scores
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
-from jemeval.evaluation.ood import OODScores, evaluate_ood
+from jemeval.evaluation.ood.evaluate import OODScores, evaluate_ood
 from jemeval.plots.ood import plot_ood_result
 from jemeval.progress import is_progress_line
 

@@ -14,8 +14,8 @@ import jemeval
 from jemeval.cli import cli
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.evaluation.metrics import auroc
-from jemeval.evaluation.ood import evaluate_ood
-from jemeval.evaluation.ood_sets import expand_groups
+from jemeval.evaluation.ood.evaluate import evaluate_ood
+from jemeval.evaluation.ood.sets import expand_groups
 
 
 @pytest.fixture(scope="module")

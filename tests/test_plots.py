@@ -52,7 +52,7 @@ def test_grid_image_is_rgb_chw_for_loggers():
 @pytest.fixture(scope="module")
 def ood_result(digits_classifier_ckpt):
     import jemeval
-    from jemeval.evaluation.ood import evaluate_ood
+    from jemeval.evaluation.ood.evaluate import evaluate_ood
 
     model = jemeval.load_model(digits_classifier_ckpt)
     return evaluate_ood(model, ["uniform", "constant", "interp"], scores=["logpx", "maxprob"], n=150, seed=0,

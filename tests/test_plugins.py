@@ -42,7 +42,7 @@ def test_builtins_are_ordinary_plugins():
     assert {"train", "ood", "convert", "plugins"} <= set(infos["jemeval.cli.default_commands"].registered["command"])
     assert infos["jemeval.builtins.layouts"].registered["checkpoint_layout"] == [
         "jem-release", "jem-release-batchnorm", "jem++/sada-jem"]
-    assert infos["jemeval.builtins.attacks"].hooks == ["register_attacks"]
+    assert infos["jemeval.builtins.foolbox_attacks"].hooks == ["register_attacks"]
 
 
 def test_kinds_are_derived_from_the_hookspecs(monkeypatch):

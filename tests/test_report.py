@@ -21,7 +21,7 @@ import jemeval
 from jemeval.cli import cli
 from jemeval.cli.commands.report import parse_set
 from jemeval.evaluation.accuracy import evaluate
-from jemeval.evaluation.ood import evaluate_ood
+from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.formats.native import save_checkpoint
 from jemeval.provenance import file_sha256
 from jemeval.reports.build import default_names

@@ -14,7 +14,7 @@ from jemeval.cli import cli
 from jemeval.data import subsample
 from jemeval.errors import UsageError
 from jemeval.evaluation.distal import distal
-from jemeval.evaluation.robustness import distortion_curve, robust, sanity_checks
+from jemeval.evaluation.robust.evaluate import distortion_curve, robust, sanity_checks
 
 CONTRACT_KEYS = {"attack", "norm", "epsilon", "refine_steps", "robust_accuracy", "clean_accuracy", "n"}
 
@@ -177,7 +177,7 @@ def test_distal_reaches_high_confidence_on_a_plain_classifier(digits_classifier_
 def test_progress_moves_inside_a_long_attack_call(digits_classifier_ckpt, capsys, monkeypatch):
     """robust's bar names the run and shows the attacked model's forward passes while one attack
     call runs (a batch of PGD through refinement takes minutes); results are unchanged by it."""
-    from jemeval.evaluation import attack_loop
+    from jemeval.evaluation.robust import attack_loop
 
     monkeypatch.setattr(attack_loop, "PROGRESS_REFRESH_S", 0.0)
     kwargs = {"norm": "linf", "refine_steps": [0, 1], "epsilons": [0.0, 0.1], "n": 8, "steps": 3, "chains": 2,
@@ -260,14 +260,14 @@ def test_old_robust_and_distal_keywords_still_work(digits_classifier_ckpt, tmp_p
 def test_wilson_interval_matches_scipy(k, n):
     from scipy.stats import binomtest
 
-    from jemeval.evaluation.intervals import wilson_interval
+    from jemeval.evaluation.robust.intervals import wilson_interval
 
     want = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     assert wilson_interval(k, n) == pytest.approx((want.low, want.high), abs=1e-12)
 
 
 def test_wilson_interval_by_hand_and_bad_counts():
-    from jemeval.evaluation.intervals import wilson_interval
+    from jemeval.evaluation.robust.intervals import wilson_interval
 
     low, high = wilson_interval(8, 10)  # p = 0.8, z = 1.96: (0.8 + 0.19208) / 1.38416 -+ 0.26728 / 1.38416
     assert low == pytest.approx(0.49016, abs=1e-5) and high == pytest.approx(0.94332, abs=1e-5)
@@ -293,7 +293,7 @@ class Identity:
 def test_draws_count_an_input_robust_only_if_every_draw_classifies_it(digits_classifier_ckpt):
     """robust_accuracy needs every one of the R fresh-noise re-checks correct; robust_accuracy_mean
     averages them. The reference replays the documented seeds with RefinedClassifier directly."""
-    from jemeval.evaluation.intervals import wilson_interval
+    from jemeval.evaluation.robust.intervals import wilson_interval
     from jemeval.sampling.recorded import recorded_sgld
     from jemeval.sampling.refinement import RefinedClassifier
 

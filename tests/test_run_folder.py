@@ -21,8 +21,7 @@ from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 from jemeval.runtime.distributed import available_cpus
 from jemeval.training import resolve_config, train
-from jemeval.training.launch import check_launch
-from jemeval.training.rundir import LOCK_NAME, RunLock
+from jemeval.training.rundir import LOCK_NAME, RunLock, check_launch
 
 # 3 digit classes, batch 64 -> 5 iterations per epoch; 1 SGLD step; no test evaluation.
 TINY = {"arch": "cnn:width=8", "epochs": 1, "batch_size": 64, "sgld_steps": 1, "buffer_size": 60, "val_size": 60,

@@ -23,7 +23,7 @@ from jemeval.cli import cli
 from jemeval.training import TrainConfig, resolve_config, train
 from jemeval.training import config as config_module
 from jemeval.training.recipes import DATASET_DEFAULTS, decay_epochs_for, lr_for, scaled_defaults
-from jemeval.training.schedule import learning_rate, schedule_warning
+from jemeval.training.trainer import learning_rate, schedule_warning
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 TINY = {"arch": "cnn:width=4", "px_weight": 0.0, "device": "cpu", "progress": False, "grid_every": 0,

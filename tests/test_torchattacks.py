@@ -9,12 +9,12 @@ import torch
 from click.testing import CliRunner
 
 import jemeval
-from jemeval.builtins import autoattack as ta_attacks
+from jemeval.builtins import torchattacks_attacks as ta_attacks
 from jemeval.cli import cli
 from jemeval.data import subsample
 from jemeval.errors import JemevalError, UsageError
-from jemeval.evaluation.robustness import robust
-from jemeval.evaluation.threat import perturbation_norm
+from jemeval.evaluation.robust.evaluate import robust
+from jemeval.evaluation.robust.threat import perturbation_norm
 
 
 class ZeroOne(torch.nn.Module):

@@ -151,7 +151,7 @@ def zero_weights_after(step: int):
     checks can see)."""
 
     def on_step(trainer) -> None:
-        if trainer.step == step and not trainer.progress.recoveries:
+        if trainer.step == step and not trainer.position.recoveries:
             with torch.no_grad():
                 for param in trainer.parts.model.parameters():
                     param.zero_()

@@ -1,4 +1,4 @@
-"""The training loop end to end (jemeval.training.trainer, summary, feed, visuals): what a run writes
+"""The training loop end to end (jemeval.training.trainer, summary, splits, visuals): what a run writes
 and returns, the objective variants, a CIFAR-shaped run with a WRN, the shared JEM fixtures, and the
 proximal sampler. Runs are tiny (few batches, 1-2 SGLD steps)."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from jemeval.formats.native import read_checkpoint
 from jemeval.results import Result
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.refinement import RefinedClassifier
-from jemeval.training import Trainer, TrainResult, feed, resolve_config, train
-from jemeval.training.metrics_log import COLUMNS
+from jemeval.training import Trainer, TrainResult, resolve_config, splits, train
+from jemeval.training.reporting import COLUMNS
 
 # 3 digit classes (343 training images after validation), batch 32 -> 10 iterations per epoch.
 TINY = {"arch": "cnn:width=8", "epochs": 2, "batch_size": 32, "lr": 2e-3, "warmup_iters": 4, "decay_epochs": (),
@@ -89,14 +89,14 @@ def test_baseline_semi_supervised_factored_and_short_run(tmp_path, monkeypatch):
     assert not os.path.exists(os.path.join(base["out"], "samples"))
 
     seen = []
-    original = feed.next_labelled
+    original = splits.next_labelled
 
     def spy(*args, **kwargs):
         idx = original(*args, **kwargs)
         seen.append(idx.clone())
         return idx
 
-    monkeypatch.setattr(feed, "next_labelled", spy)
+    monkeypatch.setattr(splits, "next_labelled", spy)
     trainer = Trainer(tiny(tmp_path, "semi", epochs=1, labels_per_class=4))
     trainer.run()
     labelled = set(trainer.parts.data.labelled.tolist())

@@ -1,6 +1,6 @@
-"""Exact resumption (jemeval.training.checkpointing, stopping, state): random states survive a
-weights-only round trip, a resumed run equals the uninterrupted one bit for bit on CPU (after an
-epoch, after SIGTERM mid-epoch, after a stop requested from Python), and last.pt's weights enter
+"""Exact resumption (jemeval.training.checkpointing, the trainer's stop requests): random states
+survive a weights-only round trip, a resumed run equals the uninterrupted one bit for bit on CPU (after
+an epoch, after SIGTERM mid-epoch, after a stop requested from Python), and last.pt's weights enter
 through the one checked loader."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from jemeval.errors import CheckpointError
 from jemeval.formats.native import read_checkpoint
 from jemeval.training import resolve_config, train
-from jemeval.training.state import capture_rng, restore_rng
+from jemeval.training.checkpointing import capture_rng, restore_rng
 
 # 3 digit classes (343 training images after validation), batch 32 -> 10 iterations per epoch.
 TINY = {"arch": "cnn:width=8", "epochs": 2, "batch_size": 32, "lr": 2e-3, "warmup_iters": 4, "decay_epochs": (),

@@ -1,6 +1,6 @@
-"""One training iteration (jemeval.training.step, objectives, schedule): the loss terms against a
-hand computation, the learning-rate schedule, deterministic buffer writes, and the benchmark that
-times exactly this iteration."""
+"""One training iteration (jemeval.training.step, objectives, the trainer's schedule): the loss terms
+against a hand computation, the learning-rate schedule, deterministic buffer writes, and the benchmark
+that times exactly this iteration."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,7 @@ import torch
 from jemeval.sampling.buffer import last_writer
 from jemeval.training.config import resolve_config
 from jemeval.training.objectives import Logits, Weights, jem_loss
-from jemeval.training.schedule import learning_rate, run_rate
+from jemeval.training.trainer import learning_rate, run_rate
 
 
 def test_buffer_writes_with_repeated_slots_are_deterministic():

@@ -208,7 +208,7 @@ def test_repr_is_one_short_line():
 
 
 def test_repr_of_a_real_result(folder):
-    from jemeval.evaluation.ood import evaluate_ood
+    from jemeval.evaluation.ood.evaluate import evaluate_ood
 
     result = evaluate_ood("m.pt", ["uniform"], n=10, device="cpu", progress=False)
     text = repr(result)

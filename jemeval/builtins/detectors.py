@@ -1,6 +1,6 @@
 """Built-in fitted OOD detectors, from pytorch-ood; higher = more in-distribution.
 
-Each is a detector (:mod:`jemeval.components`): ``fit`` on in-distribution training data once, then
+Each is a :class:`jemeval.Detector`: ``fit`` on in-distribution training data once, then
 ``score``. The work is pytorch-ood's own (``fit_features`` / ``predict_features`` of its classes, on
 the model's penultimate features, :meth:`jemeval.energy.model.EnergyModel.features_and_logits`),
 with the sign flipped to jemeval's convention (pytorch-ood returns outlier scores):
@@ -34,25 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from jemeval.builtins.scores import fraction
-from jemeval.data import iterate_batches
-from jemeval.errors import JemevalError, UsageError
+from jemeval.components.detector import Detector
+from jemeval.deprecations import moved_names
+from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
-from jemeval.sampling.sgld import frozen
 
-
-def extract_outputs(model, dataset, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(features, logits, labels) of a whole dataset, on the CPU: what a detector fits on when it is
-    called on its own (jemeval's evaluation computes them once for all detectors instead)."""
-    device = getattr(model, "device", torch.device("cpu"))
-    parts: list[tuple[torch.Tensor, ...]] = []
-    with frozen(model, train=False), torch.no_grad():
-        for x, y in iterate_batches(dataset, batch_size, device):
-            features, logits = model.features_and_logits(x.float())
-            parts.append((features.float().cpu(), logits.float().cpu(), y.long().cpu()))
-    if not parts:
-        raise UsageError("the fit dataset has no examples; choose a non-empty dataset")
-    features, logits, labels = (torch.cat(p) for p in zip(*parts))
-    return features, logits, labels
+#: extract_outputs is the Detector base's now (its default fit); the old name works for one release
+__getattr__ = moved_names(__name__, {"extract_outputs": "jemeval.components.detector"})
 
 
 def linear_head(model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,35 +68,26 @@ def _linear(w: torch.Tensor, b: torch.Tensor):
     return lambda h: F.linear(h.flatten(1), w.to(h.device), b.to(h.device))
 
 
-class FittedDetector:
+class FittedDetector(Detector):
     """Base of the built-in detectors: state fitted on features, scores from the batch's features.
 
     A subclass defines ``fit_features(model, features, logits, labels, **options)`` (its options are
     its keyword parameters) setting ``self.state``, and ``_build()`` turning the state into the
     pytorch-ood detector whose ``predict_features`` (or ``predict_feature_maps``) gives outlier scores.
+    ``fit`` and ``score`` are :class:`~jemeval.Detector`'s: one forward pass, then the features' forms.
     """
 
     name = "detector"
-    needs_labels = False
-    grid: dict[str, list] = {}
+    uses_features = True
+    cacheable = True
+    #: the help `jemeval list scores` shows (default: the first line of the docstring)
+    help: str | None = None
 
     def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
         self._impl = None
 
-    def fit(self, model, dataset, **options):
-        """Fit on ``dataset`` (in-distribution training images; one pass of the model over it)."""
-        return self.fit_features(model, *extract_outputs(model, dataset), **options)
-
-    def score(self, model, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            features, logits = model.features_and_logits(x)
-        return self.score_features(features, logits)
-
     def score_features(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if self.state is None:
-            raise JemevalError(f"detector {self.name!r} is not fitted: call fit(model, dataset) first "
-                               "(jemeval.evaluate_ood fits it on the model's training images)")
         if self._impl is None or self._impl.device != features.device:  # built once per device
             self._impl = self._build().to(features.device)
         return -self._outlier(self._impl, features.detach().float()).to(features.device)
@@ -259,4 +238,4 @@ class DICE(FittedDetector):
 @hookimpl
 def register_scores(register):
     for detector in (Mahalanobis, KNN, ViM, ReAct, DICE):
-        register(detector.name, detector, help=getattr(detector, "help", None))
+        register(detector.name, detector, help=detector.help)

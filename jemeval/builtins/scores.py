@@ -21,11 +21,12 @@
   (``assumes_nonnegative_features``: ``evaluate_ood`` notes when the model's are not, e.g. after
   LeakyReLU, where pruning the largest activations can invert the score).
 
-Scores that read only the logits (``from_logits``) or the features and logits (``from_features``)
-share the evaluation loop's one forward pass per batch. ``grid`` attributes are the
-hyperparameter candidates ``tune_on`` searches: pytorch-ood's ``hyperparameter_space`` (OpenOOD's
-grids; tests/test_detectors.py checks they agree). Fitted detectors are in
-:mod:`jemeval.builtins.detectors`.
+Each is a :class:`jemeval.Score` declared with the :func:`jemeval.score` decorator: scores that
+read only the logits (``from_logits``) or the features and logits (``from_features``) share the
+evaluation loop's one forward pass per batch. ``grid`` holds the hyperparameter candidates
+``tune_on`` searches: pytorch-ood's ``hyperparameter_space`` (ODIN's temperature is T here;
+OpenOOD's grids; tests/test_detectors.py checks they agree); energy's is OpenOOD's EBO sweep.
+Fitted detectors are in :mod:`jemeval.builtins.detectors`.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from jemeval.components import pixel_to_model_scale
+from jemeval.components.score import score
 from jemeval.energy.model import log_p
 from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
@@ -65,16 +67,11 @@ def fraction(score: str, option: str, value) -> float:
     return p
 
 
+@score(from_logits=log_p)
 def logpx(model, x):
     """log p~(x): logsumexp of the logits."""
     with torch.no_grad():
         return log_p(model.logits(x))
-
-
-def maxprob(model, x):
-    """max_y p(y|x): the top softmax probability, in float64."""
-    with torch.no_grad():
-        return _maxprob_from_logits(model.logits(x))
 
 
 def _maxprob_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -84,16 +81,18 @@ def _maxprob_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.exp(z.amax(dim=1) - torch.logsumexp(z, dim=1))
 
 
+@score(from_logits=_maxprob_from_logits)
+def maxprob(model, x):
+    """max_y p(y|x): the top softmax probability, in float64."""
+    with torch.no_grad():
+        return _maxprob_from_logits(model.logits(x))
+
+
+@score(from_logits=lambda logits: logits.amax(dim=1))
 def maxlogit(model, x):
     """max_y f(x)[y]: the top logit."""
     with torch.no_grad():
         return model.logits(x).amax(dim=1)
-
-
-def energy(model, x, *, T: float = 1.0):
-    """T * logsumexp(f(x)/T): negative free energy at temperature T (energy:T=2)."""
-    with torch.no_grad():
-        return _energy_from_logits(model.logits(x), T)
 
 
 def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
@@ -101,10 +100,11 @@ def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
     return t * log_p(logits / t)
 
 
-def entropy(model, x):
-    """Minus the entropy of p(y|x) (pytorch-ood's Entropy, sign flipped)."""
+@score(from_logits=_energy_from_logits, grid={"T": [1, 10, 100, 1000]})
+def energy(model, x, *, T: float = 1.0):
+    """T * logsumexp(f(x)/T): negative free energy at temperature T (energy:T=2)."""
     with torch.no_grad():
-        return _entropy_from_logits(model.logits(x))
+        return _energy_from_logits(model.logits(x), T)
 
 
 def _entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -113,18 +113,19 @@ def _entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -Entropy.score(logits)
 
 
+@score(from_logits=_entropy_from_logits)
+def entropy(model, x):
+    """Minus the entropy of p(y|x) (pytorch-ood's Entropy, sign flipped)."""
+    with torch.no_grad():
+        return _entropy_from_logits(model.logits(x))
+
+
+@score
 def gradnorm(model, x):
     """-||d log p~(x)/dx||_2 per example: the JEM paper's approximate-mass score."""
     with frozen(model):
         _, grad = input_grad(model, x)
     return -grad.flatten(1).norm(dim=1)
-
-
-def gradnorm_huang(model, x, *, T: float = 1.0):
-    """Huang et al.'s GradNorm: L1 norm of the last layer's weight gradient of KL(uniform || p(y|x; T))."""
-    with torch.no_grad():
-        features, logits = model.features_and_logits(x)
-    return _gradnorm_huang_from_features(model, features, logits, T=T)
 
 
 def _gradnorm_huang_from_features(model, features, logits, *, T: float = 1.0) -> torch.Tensor:
@@ -134,6 +135,15 @@ def _gradnorm_huang_from_features(model, features, logits, *, T: float = 1.0) ->
     return d_logits.abs().sum(dim=1) * features.double().abs().sum(dim=1)
 
 
+@score(from_features=_gradnorm_huang_from_features)
+def gradnorm_huang(model, x, *, T: float = 1.0):
+    """Huang et al.'s GradNorm: L1 norm of the last layer's weight gradient of KL(uniform || p(y|x; T))."""
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    return _gradnorm_huang_from_features(model, features, logits, T=T)
+
+
+@score(grid={"T": [1, 10, 100, 1000], "eps": [0.0014, 0.0028]})
 def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
     """ODIN: max softmax at temperature T after an eps (pixel units) signed-gradient input step."""
     t = positive("odin", "the temperature T", T, "odin:T=1000")
@@ -151,13 +161,6 @@ def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
     return (moved.double() / t).softmax(dim=1).amax(dim=1)
 
 
-def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.65):
-    """ASH: prune (and binarize or rescale) the penultimate activations, then the energy of the logits."""
-    with torch.no_grad():
-        features, logits = model.features_and_logits(x)
-    return _ash_from_features(model, features, logits, variant=variant, percentile=percentile)
-
-
 def _ash_from_features(model, features, logits, *, variant: str = "ash-s", percentile: float = 0.65):
     from pytorch_ood.detector import ASH
 
@@ -169,23 +172,14 @@ def _ash_from_features(model, features, logits, *, variant: str = "ash-s", perce
     return -detector.predict_feature_maps(features[:, :, None, None])
 
 
-# The logits-only scores can share one forward pass: the evaluation loop computes logits once and
-# calls ``from_logits`` instead of the model (see jemeval.evaluation.batching); likewise
-# ``from_features(model, features, logits, **options)`` for the scores that read the features.
-logpx.from_logits = log_p
-maxprob.from_logits = _maxprob_from_logits
-maxlogit.from_logits = lambda logits: logits.amax(dim=1)
-energy.from_logits = _energy_from_logits
-entropy.from_logits = _entropy_from_logits
-gradnorm_huang.from_features = _gradnorm_huang_from_features
-ash.from_features = _ash_from_features
-ash.assumes_nonnegative_features = True  # pruning the largest activations presumes ReLU features
-
-# hyperparameter candidates for tune_on: pytorch-ood's hyperparameter_space (ODIN's temperature is T
-# here); energy's is OpenOOD's EBO sweep
-energy.grid = {"T": [1, 10, 100, 1000]}
-odin.grid = {"T": [1, 10, 100, 1000], "eps": [0.0014, 0.0028]}
-ash.grid = {"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]}
+# pruning the largest activations presumes ReLU features
+@score(from_features=_ash_from_features, assumes_nonnegative_features=True,
+       grid={"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]})
+def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.65):
+    """ASH: prune (and binarize or rescale) the penultimate activations, then the energy of the logits."""
+    with torch.no_grad():
+        features, logits = model.features_and_logits(x)
+    return _ash_from_features(model, features, logits, variant=variant, percentile=percentile)
 
 
 @hookimpl

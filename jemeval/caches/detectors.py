@@ -2,7 +2,7 @@
 
 A detector's ``state_dict()`` (tensors and plain values) is written atomically to
 ``$JEMEVAL_CACHE_DIR/detectors`` (default ``~/.cache/jemeval/detectors``) under a file named by its
-detector and the hash of its key (what :mod:`jemeval.evaluation.ood_fit` fingerprints: model weights,
+detector and the hash of its key (what :mod:`jemeval.evaluation.ood.fit` fingerprints: model weights,
 detector, options, fit data); the key is stored too and must match on reading, and so must the
 SHA-256 of the state (:func:`state_sha256`, stored beside it): a file whose values were changed
 after jemeval wrote it is refitted with a note, never used. Files are read back with
@@ -29,15 +29,18 @@ CACHE_ENV = "JEMEVAL_CACHE_DIR"
 CACHE_FORMAT = 2  # 2: with the state's SHA-256 (files of format 1 have other keys: never read)
 
 
-def cache_dir() -> Path:
-    """Where fitted detector states live: ``$JEMEVAL_CACHE_DIR/detectors`` or ``~/.cache/jemeval/detectors``."""
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/jemeval").expanduser() / "detectors"
+def cache_dir(root: str | os.PathLike | None = None) -> Path:
+    """Where fitted detector states live: ``ROOT/detectors`` for the run's cache folder ``root`` (its
+    :class:`~jemeval.context.CachePolicy` ``dir``), else ``$JEMEVAL_CACHE_DIR/detectors`` or
+    ``~/.cache/jemeval/detectors``."""
+    return Path(root or os.environ.get(CACHE_ENV) or "~/.cache/jemeval").expanduser() / "detectors"
 
 
-def cache_path(name: str, key: str) -> Path:
-    """The file of detector ``name`` fitted under ``key`` (a readable name, then the key's hash)."""
+def cache_path(name: str, key: str, root: str | os.PathLike | None = None) -> Path:
+    """The file of detector ``name`` fitted under ``key`` (a readable name, then the key's hash) in
+    :func:`cache_dir` of ``root``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return cache_dir() / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+    return cache_dir(root) / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
 
 
 def state_sha256(state: Any) -> str:
@@ -67,10 +70,11 @@ def _digest(h: Any, value: Any) -> None:
 
 
 def load_state(detector: Any, path: Path, key: str, label: str) -> bool | str:
-    """Load the cached state at ``path`` into ``detector``: True, False when there is none to use
+    """Load the cached state at ``path`` into ``detector`` (a :class:`jemeval.Detector`; one that is
+    not ``cacheable`` never is): True, False when there is none to use
     (no file, another key), or a note (warned too) when the file is not what jemeval wrote (it is
     then refitted and replaced)."""
-    if not callable(getattr(detector, "load_state_dict", None)) or not path.is_file():
+    if not detector.cacheable or not path.is_file():
         return False
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -91,8 +95,8 @@ def warn(note: str) -> str:
 
 
 def save_state(detector: Any, path: Path, key: str, label: str) -> bool:
-    """Cache the fitted state of ``detector`` (tensors and plain values); False when it cannot be."""
-    if not callable(getattr(detector, "state_dict", None)):
+    """Cache the fitted state of a ``cacheable`` detector (tensors and plain values); False when it cannot be."""
+    if not detector.cacheable:
         return False
     buffer = io.BytesIO()
     try:

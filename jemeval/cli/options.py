@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import click
 
 from jemeval.cli.config import config_record
-from jemeval.cli.output import emit, output_options
+from jemeval.cli.output import emit, output_options, progress
 from jemeval.cli.paths import Command, PathArgument, PathOption, dataset_option, input_path_option, output_path_option
+from jemeval.context import RunContext
 from jemeval.errors import UsageError
 
 if TYPE_CHECKING:
@@ -180,14 +181,64 @@ def seed_option(default=0):
     return deco
 
 
+def data_root_option(fn):
+    """--data-root: the folder holding datasets."""
+    return click.option("--data-root", type=click.Path(file_okay=False), default=None,
+                        help="Folder holding datasets (default: $JEMEVAL_DATA_ROOT or ~/.cache/jemeval/datasets).")(fn)
+
+
 def data_options(fn):
     """--data-root and --download for commands that read datasets."""
     fn = click.option("--download", is_flag=True,
                       help="Download torchvision datasets and --model weights (timm:, torchvision:, pytorch-ood:, "
                            "hf:) that are missing (needs internet).")(fn)
-    fn = click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                      help="Folder holding datasets (default: $JEMEVAL_DATA_ROOT or ~/.cache/jemeval/datasets).")(fn)
-    return fn
+    return data_root_option(fn)
+
+
+NO_CACHE_HELP = ("Neither read nor write jemeval's caches (fitted detectors in $JEMEVAL_CACHE_DIR/detectors, default "
+                 "~/.cache/jemeval/detectors): fit again.")
+
+
+def run_options(*, batch_size: int | None = 256, batch_help: str = "Examples per forward pass.", data: bool = True,
+                download: bool = True, no_cache: bool = False, no_cache_help: str = NO_CACHE_HELP):
+    """The options of a command's run context, as one bundle: --seed, --device, --batch-size (unless
+    ``batch_size`` is None), --data-root and --download (with ``data``; ``download=False`` leaves that
+    one out) and --no-cache (with ``no_cache``). The command receives one ``context``
+    (:class:`jemeval.context.RunContext`, with the command line's progress) instead of those values,
+    and hands it to the function it wraps: a new run setting is a field of RunContext and an option
+    here, nothing in the commands.
+
+    Put it last (just above ``def cli``): the wrappers above it (``--nproc``, ``--model``) still see
+    the values of --device and --download as the user gave them.
+    """
+    options = [seed_option(0), device_option]
+    if batch_size is not None:
+        options.append(batch_size_option(batch_size, batch_help))
+    if data:
+        options.append(data_options if download else data_root_option)
+    if no_cache:
+        options.append(click.option("--no-cache", "no_cache", is_flag=True, help=no_cache_help))
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            kwargs["context"] = context_from_options(kwargs)
+            return fn(*args, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return deco
+
+
+def context_from_options(values: dict):
+    """The :class:`~jemeval.context.RunContext` of the parsed options (each one popped from ``values``):
+    the device parsed (errors name --device), the progress the command line shows (stderr)."""
+    return RunContext(seed=values.pop("seed"), device=resolve_device(values.pop("device")),
+                      batch_size=values.pop("batch_size", None), progress=progress(),
+                      data_root=values.pop("data_root", None), download=bool(values.pop("download", False)),
+                      cache=not values.pop("no_cache", False))
 
 
 class ModelOption(PathOption):

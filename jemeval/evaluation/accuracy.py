@@ -12,35 +12,33 @@ or npz) is evaluated whole, with the note of :func:`jemeval.data.no_test_split_n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from jemeval.context import RunContext, takes_context
 from jemeval.data import load_dataset, no_test_split_note, subsample
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import (
-    DEFAULT_BATCH_SIZE,
-    BatchOutputs,
+from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, BatchOutputs, run_batches
+from jemeval.evaluation.calibration import softmax64
+from jemeval.evaluation.inputs import (
     check_input_shape,
     check_input_sigma,
     check_min,
     check_refine_steps,
     prepare_model,
-    run_batches,
+    stamp,
     training_dataset,
 )
-from jemeval.evaluation.calibration import softmax64
 from jemeval.evaluation.metrics import nll as nll_metric
-from jemeval.progress import ProgressArg
-from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.runtime.shards import batch_seed
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma", "step_size": "sgld_step_size", "noise": "sgld_noise"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def evaluate(
     model,
     data: str | None = None,
@@ -48,52 +46,50 @@ def evaluate(
     split: str = "test",
     n: int | None = None,
     input_sigma: float = 0.0,
-    seed: int = 0,
     refine_steps: int | Sequence[int] = 0,
     chains: int = 5,
     chain_sigma: float = 0.0,
     sgld_step_size: float | None = None,
     sgld_noise: float | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    data_root: str | Path | None = None,
-    download: bool = False,
-    progress: ProgressArg = None,
+    context: RunContext,
 ) -> Result:
     """Accuracy and NLL of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the
     model's training dataset, test split), one record per number of refinement steps.
 
     Refinement SGLD settings default to those recorded in the checkpoint's training config (else
     JEM's: step size 1.0, noise 0.01); ``sgld_step_size``/``sgld_noise`` override them. Every
-    setting is recorded in the provenance (``settings.refinement``, per K).
+    setting is recorded in the provenance (``settings.refinement``, per K). ``seed``, ``device``,
+    ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
+    :class:`~jemeval.context.RunContext`.
     """
     steps_list = check_refine_steps(refine_steps)
     check_min("chains", chains, 1)
     check_min("chain_sigma", chain_sigma, 0)
     check_input_sigma(input_sigma)
-    model = prepare_model(model, device)
+    model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
-    ds = subsample(load_dataset(data, split, data_root, download, input_shape=model.input_shape), n, seed)
+    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
+    ds = subsample(ds, n, context.seed)
     check_input_shape(model, ds, data)
 
     records: list[dict[str, Any]] = []
     refinement_settings: dict[str, Any] = {}
     for k in steps_list:
         classifier, settings = _classifier(model, k, chains=chains, chain_sigma=chain_sigma, step_size=sgld_step_size,
-                                           noise=sgld_noise, seed=seed)
-        out = run_batches(classifier, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
-                          before_batch=_chain_streams(classifier, seed),
+                                           noise=sgld_noise, seed=context.seed)
+        out = run_batches(classifier, ds, sigma=input_sigma, context=context,
+                          before_batch=_chain_streams(classifier, context.seed),
                           desc=f"eval {data}" + (f" (K={k})" if k else ""))
         records.append({"data": data, "split": split, "refine_steps": k, **accuracy_and_nll(out, data),
                         "sigma": float(input_sigma)})
         refinement_settings[str(k)] = settings
-    prov = provenance(command="eval", model=model, device=model.device, seed=seed, settings={
-        "data": data, "split": split, "n": n, "sigma": float(input_sigma),
-        "noise_seed": int(seed) if input_sigma > 0 else None, "seed": int(seed), "batch_size": int(batch_size),
-        "refine_steps": steps_list, "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
-    })
     note = no_test_split_note(data, ds)
-    return Result(records, prov, notes=[note] if note else [])
+    return Result(records, stamp("eval", model, context, {
+        "data": data, "split": split, "n": n, "sigma": float(input_sigma),
+        "noise_seed": int(context.seed) if input_sigma > 0 else None, "seed": int(context.seed),
+        "batch_size": context.batch(DEFAULT_BATCH_SIZE), "refine_steps": steps_list,
+        "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
+    }), notes=[note] if note else [])
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:
@@ -143,6 +139,6 @@ def accuracy_on_arrays(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: i
 
     if len(x) == 0:
         return None
-    out = run_batches(model, ArrayDataset(x, y), sigma=sigma, seed=seed, batch_size=batch_size, progress=False,
-                      check_finite=False)
+    out = run_batches(model, ArrayDataset(x, y), sigma=sigma, context=RunContext(seed=seed, batch_size=batch_size,
+                                                                                progress=False), check_finite=False)
     return float((out.logits.argmax(1) == out.labels).mean())

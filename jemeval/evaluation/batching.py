@@ -2,21 +2,18 @@
 
 For a model and a dataset it runs the network **once per batch** and derives everything from that
 single forward pass: the logits, and every score that only needs the logits (built-in scores carry
-a ``from_logits`` attribute, see :mod:`jemeval.builtins.scores`). Scores that need more than the
+a ``from_logits`` form, see :class:`jemeval.Score`). Scores that need more than the
 logits (``gradnorm`` needs d log p~(x)/dx; a plugin score may do anything) are called on the same
 batch. The evaluation input noise ``sigma`` is applied once per batch from a seeded generator, so
 the logits and every score see the *same* noisy inputs, and the numbers are reproducible.
 
 Results stay on the device until the loop ends (no per-batch host copies or ``.item()``) and come
-back as numpy arrays. The module also holds what every evaluation function checks the same way: the
-model (:func:`prepare_model`), its training dataset, input shapes and numeric arguments.
+back as numpy arrays. What every evaluation function checks before it gets here (the model, its
+training dataset, input shapes, numeric arguments) is in :mod:`jemeval.evaluation.inputs`.
 """
 from __future__ import annotations
 
-import copy
-import math
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +23,16 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from jemeval.components import is_detector
-from jemeval.data import input_shape_of, iterate_batches, names_no_path
+from jemeval.components.adapters import new_detector
+from jemeval.components.detector import Detector
+from jemeval.components.score import Score, as_score
+from jemeval.context import RunContext, takes_context
+from jemeval.data import iterate_batches
+from jemeval.deprecations import moved_names
 from jemeval.errors import JemevalError, UsageError
-from jemeval.formats.load import load_model
+from jemeval.evaluation import inputs
 from jemeval.plugins import get_registry
-from jemeval.progress import ProgressArg, progress_bar
+from jemeval.progress import progress_bar
 from jemeval.registry import check_options, parse_spec
 from jemeval.runtime.devices import resolve_device
 from jemeval.runtime.shards import map_items, my_share
@@ -41,31 +43,34 @@ DEFAULT_BATCH_SIZE = 256
 
 @dataclass(frozen=True)
 class ScoreFn:
-    """A resolved score: its label as written (``energy:T=2``), the function or detector, its options.
+    """A resolved score: its label as written (``energy:T=2``), the :class:`~jemeval.Score` or
+    :class:`~jemeval.Detector`, its options.
 
-    A detector (:func:`jemeval.components.is_detector`) is this label's own instance, fitted by the
-    caller with ``options`` before the batch loop scores with it.
+    A detector is this label's own instance, fitted by the caller with ``options`` before the batch
+    loop scores with it.
     """
 
     label: str
     name: str
-    fn: Any
+    fn: Score | Detector
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def detector(self) -> bool:
-        return is_detector(self.fn)
+        return isinstance(self.fn, Detector)
 
     @property
     def from_logits(self) -> Callable | None:
         """The logits-only form of the score, if it has one (then no extra forward pass)."""
-        return None if self.detector else getattr(self.fn, "from_logits", None)
+        return None if self.detector else self.fn.from_logits
 
     @property
     def from_features(self) -> Callable | None:
         """The form that reads the batch's features and logits: ``from_features(model, features, logits,
-        **options)`` of a function, ``score_features(features, logits)`` of a detector."""
-        return getattr(self.fn, "score_features" if self.detector else "from_features", None)
+        **options)`` of a function, ``score_features(features, logits)`` of a detector that ``uses_features``."""
+        if self.detector:
+            return self.fn.score_features if self.fn.uses_features else None
+        return self.fn.from_features
 
     def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor | None,
                  features: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,17 +85,12 @@ class ScoreFn:
         return self.fn(model, x, **self.options)
 
 
-def new_detector(obj: Any) -> Any:
-    """This use's own detector: a registered class is instantiated, a registered object copied."""
-    return obj() if isinstance(obj, type) else copy.deepcopy(obj)
-
-
-def check_score_options(fn: Any, options: dict[str, Any], name: str) -> None:
+def check_score_options(fn: Score | Detector, options: dict[str, Any], name: str) -> None:
     """Options a score accepts: a function's keywords after (model, x); a detector's after the data
-    arguments of ``fit_features`` (model, features, logits, labels) or, without it, of ``fit``."""
-    if is_detector(fn):
-        target = getattr(fn, "fit_features", None)
-        check_options(target or fn.fit, options, f"score {name!r}", skip=4 if target else 2)
+    arguments of ``fit_features`` (model, features, logits, labels) when it ``uses_features``, else of ``fit``."""
+    if isinstance(fn, Detector):
+        target = fn.fit_features if fn.uses_features else fn.fit
+        check_options(target, options, f"score {name!r}", skip=4 if fn.uses_features else 2)
     else:
         check_options(fn, options, f"score {name!r}", skip=2)
 
@@ -103,9 +103,8 @@ def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
         spec = parse_spec(text)
         if spec.variant is not None or spec.classes is not None:
             raise UsageError(f"score {text!r}: scores take only key=value options, e.g. 'energy:T=2'")
-        fn = registry.get("score", spec.name)
-        if is_detector(fn):
-            fn = new_detector(fn)
+        registered = registry.get("score", spec.name)
+        fn = new_detector(registered) if is_detector(registered) else as_score(registered)
         check_score_options(fn, spec.options, spec.name)
         label = str(spec)
         if label in seen:
@@ -149,6 +148,7 @@ def _check_score(label: str, value: torch.Tensor, n: int) -> torch.Tensor:
     return value
 
 
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def run_batches(
     model: nn.Module,
     dataset: Dataset,
@@ -157,24 +157,21 @@ def run_batches(
     keep_logits: bool = True,
     keep_features: bool = False,
     sigma: float = 0.0,
-    seed: int = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    progress: ProgressArg = None,
     desc: str | None = None,
     before_batch: Callable[[int], Any] | None = None,
     check_finite: bool = True,
+    context: RunContext,
 ) -> BatchOutputs:
     """One pass over ``dataset``: logits (and features) once per batch, every score from that batch.
 
     ``sigma`` > 0 adds N(0, sigma^2) noise to every input (the evaluation input noise; the JEM
-    release used 0.03) from a generator seeded with ``seed`` on the model's device, in dataset
-    order, before the logits and all scores are computed. Under torchrun the batches are shared out
-    over the processes and gathered (:func:`jemeval.runtime.shards.map_items`): the outputs of one
-    process, noise included. When a score reads
-    features (a fitted detector's ``score_features``) or ``keep_features`` is set, the forward pass
-    gives the penultimate features too (:meth:`jemeval.energy.model.EnergyModel.features_and_logits`):
-    still one pass per batch.
+    release used 0.03) from a generator seeded with the context's ``seed`` on the model's device
+    (the context's ``device``, else the model's), in dataset order, before the logits and all scores
+    are computed. Under torchrun the batches are shared out over the processes and gathered
+    (:func:`jemeval.runtime.shards.map_items`): the outputs of one process, noise included. When a
+    score reads features (a fitted detector's ``score_features``) or ``keep_features`` is set, the
+    forward pass gives the penultimate features too
+    (:meth:`jemeval.energy.model.EnergyModel.features_and_logits`): still one pass per batch.
     The network runs in eval mode with frozen parameters; gradient scores still get input gradients
     (they enable grad themselves). ``progress``: see :mod:`jemeval.progress` (one unit per image).
     ``before_batch(b)`` runs before batch b is computed, e.g. to seed a stochastic model's stream
@@ -184,23 +181,12 @@ def run_batches(
     reads as a number. ``check_finite=False`` leaves that to the caller (the trainer's validation,
     whose divergence checks own it).
     """
-    check_input_sigma(sigma, "sigma")
-    check_min("batch_size", batch_size, 1)
-    device = torch.device(device) if device is not None else _model_device(model)
+    inputs.check_input_sigma(sigma, "sigma")
+    batch_size = context.batch(DEFAULT_BATCH_SIZE)
+    device = _model_device(model) if context.device is None else resolve_device(context.device)
     # a forward pass only when something reads its outputs (gradient scores do their own)
     need_features = keep_features or any(s.from_features is not None for s in scores)
     need_logits = keep_logits or need_features or any(s.from_logits is not None for s in scores)
-
-    generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
-
-    def noisy_batches():
-        """The batches with their input noise, drawn for every batch in order on every rank (the
-        draws of the batches another rank runs are cheap, and keep one process's noise exactly)."""
-        for x, y in iterate_batches(dataset, batch_size, device):
-            x = x.float()
-            if generator is not None:
-                x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
-            yield x, y
 
     def one(b: int, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         x, y = batch
@@ -214,11 +200,25 @@ def run_batches(
         return {k: v.detach().cpu() for k, v in out.items() if v is not None}
 
     total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)
-    with progress_bar(progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
-        done = map_items(one, noisy_batches())
-    settings = {"sigma": float(sigma), "noise_seed": int(seed) if sigma > 0 else None, "batch_size": int(batch_size)}
+    with progress_bar(context.progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
+        done = map_items(one, noisy_batches(dataset, batch_size, device, sigma, context.seed))
+    settings = {"sigma": float(sigma), "noise_seed": int(context.seed) if sigma > 0 else None,
+                "batch_size": int(batch_size)}
     return _gather(done, model, dataset, scores, check_finite=check_finite, keep_logits=keep_logits,
                    keep_features=keep_features, settings=settings)
+
+
+def noisy_batches(dataset: Dataset, batch_size: int, device: torch.device, sigma: float,
+                  seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of ``dataset`` on ``device`` with their input noise, drawn from one generator seeded
+    with ``seed`` for every batch in order on every rank (the draws of the batches another rank runs
+    are cheap, and keep one process's noise exactly)."""
+    generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
+    for x, y in iterate_batches(dataset, batch_size, device):
+        x = x.float()
+        if generator is not None:
+            x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
+        yield x, y
 
 
 def _batch_summaries(logits: torch.Tensor | None, features: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -307,31 +307,6 @@ def check_finite_outputs(what: str, per_batch: Sequence[torch.Tensor | None], mo
         start += int(size)
 
 
-# -- argument checks shared by the evaluation functions ------------------------------------------------
-def check_min(param: str, value, low) -> None:
-    """``value`` of parameter ``param`` must be at least ``low`` (one line naming the parameter)."""
-    if not value >= low:  # also refuses NaN
-        raise UsageError(f"{param} must be >= {low}, got {value}", param=param)
-
-
-def check_input_sigma(value: float, param: str = "input_sigma") -> float:
-    """The evaluation input noise: a finite number >= 0."""
-    if not (value >= 0 and math.isfinite(value)):  # also refuses NaN
-        raise UsageError(f"{param} must be a finite number >= 0, got {value}", param=param)
-    return float(value)
-
-
-def check_refine_steps(refine_steps: int | Sequence[int]) -> list[int]:
-    """One number of SGLD refinement steps or a list of them: whole numbers >= 0 (0 = no refinement)."""
-    steps = [refine_steps] if isinstance(refine_steps, (int, np.integer)) else list(refine_steps)
-    if not steps:
-        raise UsageError("refine_steps is empty; give e.g. 0,1,10", param="refine_steps")
-    for k in steps:
-        if int(k) != k or int(k) < 0:
-            raise UsageError(f"refine_steps must be integers >= 0 (0 = no refinement), got {k}", param="refine_steps")
-    return [int(k) for k in steps]
-
-
 def _to_numpy64(values: torch.Tensor) -> np.ndarray:
     """float64 numpy (half/bfloat16 scores widened first: numpy has no bfloat16)."""
     if not values.is_floating_point() or values.dtype in (torch.float16, torch.bfloat16):
@@ -348,45 +323,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def prepare_model(model, device: str | torch.device | None = None):
-    """An EnergyModel from a model or a checkpoint path, on ``device``, in eval mode."""
-    if isinstance(model, (str, os.PathLike)):
-        return load_model(model, device=device or "cpu")
-    if device is not None:
-        model = model.to(resolve_device(device))
-    return model.eval()
-
-
-def check_input_shape(model, dataset: Dataset, name: str) -> None:
-    """A dataset whose images do not fit the model fails with both shapes named."""
-    expected = tuple(getattr(model, "input_shape", ()) or ())
-    if not expected or len(dataset) == 0:
-        return
-    got = input_shape_of(dataset)
-    if tuple(got) != expected:
-        raise UsageError(
-            f"dataset {name!r} has images of shape {tuple(got)} but the model takes {expected}; "
-            "choose a dataset of the model's input shape"
-        )
-
-
-def training_dataset(model, *, param: str = "data") -> str:
-    """The dataset the model was trained on (checkpoint metadata), or an error naming ``param``."""
-    name = (getattr(model, "metadata", None) or {}).get("dataset")
-    if not name:
-        raise UsageError(f"the checkpoint does not record its training dataset; give {param}=DATASET "
-                         "(e.g. cifar10)", param=param)
-    return recorded_dataset(str(name), param=param)
-
-
-def recorded_dataset(spec: str, *, param: str = "data") -> str:
-    """A dataset spec a checkpoint (or any file) recorded, used only when it is a plain registered name
-    (:func:`jemeval.data.names_no_path`): a downloaded checkpoint must not choose which local files a
-    command reads (``folder:/`` crawled the disk, ``npz:/etc/passwd`` was opened). Otherwise one
-    line quoting the spec, so the user can give it themselves as ``param``."""
-    if not names_no_path(spec):
-        shown = repr(spec) if any(c.isspace() or c in ",;)'\"" for c in spec) else spec  # copyable as a flag value
-        raise UsageError(f"the checkpoint records its training set as {spec!r}, not a plain dataset name (it can "
-                         "name local files); jemeval never lets a checkpoint choose which files to read: give "
-                         f"{param}={shown} (or another dataset)", param=param)
-    return spec
+#: 0.2's names of this module that moved to :mod:`jemeval.evaluation.inputs` (reading one warns)
+__getattr__ = moved_names(__name__, {name: "jemeval.evaluation.inputs" for name in (
+    "prepare_model", "check_min", "check_input_sigma", "check_refine_steps", "check_input_shape", "training_dataset",
+    "recorded_dataset")})

@@ -19,38 +19,33 @@ accuracy, unchanged. A set without a test split of its own gets the note of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from jemeval.context import RunContext, takes_context
 from jemeval.data import (
-    absolute_spec,
     declared_splits,
-    default_val_size,
     has_test_split,
     holdout_parts,
     load_dataset,
     no_test_split_note,
-    split_indices,
     subsample,
     take,
 )
-from jemeval.deprecations import deprecated_keywords
+from jemeval.data import held_out_indices as training_held_out  # not this module's name: its old one warns
+from jemeval.deprecations import deprecated_keywords, moved_names
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import (
-    DEFAULT_BATCH_SIZE,
+from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, run_batches
+from jemeval.evaluation.inputs import (
     check_input_shape,
     check_input_sigma,
     check_min,
     prepare_model,
-    run_batches,
+    stamp,
     training_dataset,
 )
 from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
-from jemeval.progress import ProgressArg
-from jemeval.provenance import provenance
 from jemeval.registry import call_with_supported
 from jemeval.results import Result
 
@@ -142,28 +137,8 @@ def temperature_at_bound(t: float) -> bool:
     return t <= lo * 1.001 or t >= hi * 0.999
 
 
-def held_out_indices(model, data: str, n_train: int) -> np.ndarray | None:
-    """The train-split indices ``jemeval train`` held out for validation, if the checkpoint's
-    config describes them (``val_size`` and ``split_seed``), ``data`` is its training set (the same
-    files, however the path is written) and training carved them out of the train split (a dataset
-    with a ``val`` split of its own was validated on that instead: nothing was held out of train)."""
-    config = (getattr(model, "metadata", None) or {}).get("config") or {}
-    if not isinstance(config, dict) or "split_seed" not in config or not isinstance(config.get("dataset"), str):
-        return None
-    if absolute_spec(config["dataset"]) != absolute_spec(data):
-        return None
-    resolved = config.get("resolved") if isinstance(config.get("resolved"), dict) else {}
-    if isinstance(resolved.get("data"), dict) and resolved["data"].get("val_split"):
-        return None
-    val_size = config.get("val_size")
-    val_size = default_val_size(n_train) if val_size is None else int(val_size)
-    if val_size <= 0 or val_size >= n_train:
-        return None
-    return split_indices(n_train, val_size, int(config["split_seed"]))[1]
-
-
-def validation_subset(model, *, data: str, val_size: int, seed: int, split: str = "test", evaluated=None,
-                      data_root=None, download=False):
+def validation_subset(model, *, data: str, val_size: int, split: str = "test", evaluated=None,
+                      context: RunContext):
     """(images to fit T on, what they are, notes, images to evaluate), never the same images.
 
     In order: the dataset's own ``val`` split; the train split of a dataset whose test images are
@@ -171,6 +146,7 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, split: str 
     subset (noted: the model may have trained on them); for a set with no split apart from the one
     evaluated (a single-split folder or npz, or the train split asked for), a seeded part of it,
     left out of the evaluation (:func:`jemeval.data.holdout_parts`)."""
+    seed, data_root, download = context.seed, context.data_root, context.download
     if int(val_size) <= 0:
         raise UsageError(f"val_size must be positive, got {val_size}", param="val_size")
     if evaluated is None:
@@ -180,7 +156,7 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, split: str 
         return ds, {"source": f"{data} val split", "n": len(ds)}, [], evaluated
     if split != "train" and has_test_split(evaluated):
         train = load_dataset(data, "train", data_root, download)
-        held_out = held_out_indices(model, data, len(train))
+        held_out = training_held_out(model, data, len(train))
         if held_out is not None:
             info = {"source": f"{data} train images held out from training (checkpoint val_size / split_seed)",
                     "n": len(held_out)}
@@ -200,6 +176,7 @@ def validation_subset(model, *, data: str, val_size: int, seed: int, split: str 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma"},
                      outputs={"plot": "jemeval.plots.calibration:plot_calibration_result"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def calibrate(
     model,
     data: str | None = None,
@@ -208,54 +185,47 @@ def calibrate(
     bins: int = DEFAULT_BINS,
     n: int | None = None,
     input_sigma: float = 0.0,
-    seed: int = 0,
     temperature_scaling: bool = False,
     val_size: int = DEFAULT_VAL_SIZE,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    data_root: str | Path | None = None,
-    download: bool = False,
-    progress: ProgressArg = None,
     metrics: Sequence[str] | None = None,
+    context: RunContext,
 ) -> Result:
     """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
     one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
     named, plugin metrics too), accuracy, n, bins. ``input_sigma``: noise added to every input.
-    Figure: :func:`jemeval.plots.calibration.plot_calibration_result`."""
+    ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
+    :class:`~jemeval.context.RunContext`. Figure: :func:`jemeval.plots.calibration.plot_calibration_result`."""
     check_min("bins", int(bins), 1)
     check_input_sigma(input_sigma)
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
-    model = prepare_model(model, device)
+    model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
-    ds = load_dataset(data, split, data_root, download, input_shape=model.input_shape)
+    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
     check_input_shape(model, ds, data)
     notes = [note] if (note := no_test_split_note(data, ds)) else []
     if temperature_scaling:  # the images T is fitted on never are among those evaluated
-        val_ds, val_info, fit_notes, ds = validation_subset(model, data=data, val_size=val_size, seed=seed,
-                                                            split=split, evaluated=ds, data_root=data_root,
-                                                            download=download)
-    ds = subsample(ds, n, seed)
-    out = run_batches(model, ds, sigma=input_sigma, seed=seed, batch_size=batch_size, progress=progress,
-                      desc=f"calibrate {data}")
+        val_ds, val_info, fit_notes, ds = validation_subset(model, data=data, val_size=val_size, split=split,
+                                                            evaluated=ds, context=context)
+    ds = subsample(ds, n, context.seed)
+    out = run_batches(model, ds, sigma=input_sigma, context=context, desc=f"calibrate {data}")
     raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics)
     records = [{"calibration": "none", "temperature": 1.0, **raw}]
     settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(input_sigma),
-                                "seed": int(seed), "noise_seed": out.settings["noise_seed"],
-                                "batch_size": int(batch_size), "temperature_scaling": bool(temperature_scaling),
+                                "seed": int(context.seed), "noise_seed": out.settings["noise_seed"],
+                                "batch_size": out.settings["batch_size"],
+                                "temperature_scaling": bool(temperature_scaling),
                                 "metrics": [name for name, _ in select_metrics("calibration", metrics)],
                                 "dataset_info": getattr(ds, "info", None)}
     if temperature_scaling:
-        val = run_batches(model, val_ds, sigma=input_sigma, seed=seed + 1, batch_size=batch_size, progress=progress,
-                          desc="validation")
+        val = run_batches(model, val_ds, sigma=input_sigma, context=context, seed=context.seed + 1, desc="validation")
         record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data)
         records.append(record)
         settings["validation"] = {**val_info, **validation}
         notes += fit_notes + more_notes
     records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
                for r in records]
-    prov = provenance(command="calibrate", model=model, device=model.device, seed=seed, settings=settings)
-    return Result(records, prov, notes=notes)
+    return Result(records, stamp("calibrate", model, context, settings), notes=notes)
 
 
 def temperature_scaled(out, val, *, bins: int, metrics, data: str):
@@ -276,3 +246,7 @@ def temperature_scaled(out, val, *, bins: int, metrics, data: str):
             "identify T; do not read the temperature-scaled row as calibrated"
         )
     return {"calibration": "temperature", "temperature": temperature, **scaled}, validation, notes
+
+
+#: 0.2's name of this module that moved beside :func:`jemeval.data.split_indices` (reading it warns)
+__getattr__ = moved_names(__name__, {"held_out_indices": "jemeval.data"})

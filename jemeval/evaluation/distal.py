@@ -17,12 +17,13 @@ from typing import Any
 import torch
 
 from jemeval.artifacts import Images
+from jemeval.context import RunContext, takes_context
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import check_finite_outputs, check_min, prepare_model
+from jemeval.evaluation.batching import check_finite_outputs
+from jemeval.evaluation.inputs import check_min, prepare_model, stamp
 from jemeval.progress import ProgressArg, progress_bar
-from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.sampling.buffer import uniform_like_shape
 from jemeval.sampling.recorded import recorded_sgld
@@ -42,6 +43,7 @@ def check_targets(target: int | Sequence[int], num_classes: int) -> list[int]:
 
 @deprecated_keywords(renamed={"targets": "target", "sigma": "chain_sigma"},
                      outputs={"grid": "jemeval.plots.grids:save_distal_grid"})
+@takes_context
 def distal(
     model: EnergyModel | str,
     target: int | Sequence[int],
@@ -53,9 +55,7 @@ def distal(
     grad_mode: str = "full",
     chains: int = 5,
     chain_sigma: float = 0.0,
-    seed: int = 0,
-    device: str | torch.device | None = None,
-    progress: ProgressArg = None,
+    context: RunContext,
 ) -> Result:
     """Optimise ``n`` noise images per target class (``target``: one class or a list) towards
     p(target | x) -> 1, through ``refine_steps`` SGLD steps in ``chains`` copies noised by
@@ -64,8 +64,9 @@ def distal(
     Returns one record per target with the confidence reached (mean, median, min, max over the
     images, re-measured with fresh chains) and the mean confidence at the start; ``extra`` holds
     every image's confidence, the mean-confidence trace and the images (``extra["images"]``).
+    ``seed``, ``device`` and ``progress``: the run's :class:`~jemeval.context.RunContext`.
     """
-    model = prepare_model(model, device)  # a path loads the checkpoint (its hash goes into provenance)
+    model, seed = prepare_model(model, context.device), context.seed  # a path loads the checkpoint (hashed)
     targets = check_targets(target, model.num_classes)
     for name, value, low in (("n", n, 1), ("steps", steps, 0), ("refine_steps", refine_steps, 0),
                              ("chains", chains, 1)):
@@ -78,7 +79,8 @@ def distal(
     checker = RefinedClassifier(model, refine_steps, chains=chains, sigma=chain_sigma, sgld=sgld,
                                 generator=torch.Generator(device=model.device).manual_seed(seed + 1))
     y = torch.tensor(targets, device=model.device).repeat_interleave(n)
-    images, start_conf, trace = optimise(attacked, checker, y, steps=steps, lr=lr, seed=seed, progress=progress)
+    images, start_conf, trace = optimise(attacked, checker, y, steps=steps, lr=lr, seed=seed,
+                                         progress=context.progress)
     with torch.no_grad():
         logits = checker(images)  # one pass: confidence and prediction from the same chains
     check_finite_outputs("logits", [logits.detach().cpu()], model, sizes=[len(y)], of="the optimised images")
@@ -92,7 +94,7 @@ def distal(
                 "confidence": "re-measured with fresh chains (generator seed + 1)"}
     return Result(
         records=records,
-        provenance=provenance(command="distal", model=model, device=model.device, seed=seed, settings=settings),
+        provenance=stamp("distal", model, context, settings),
         extra={"confidences": conf.tolist(), "targets_per_image": y.tolist(),
                "mean_confidence_trace": torch.stack(trace).tolist() if trace else [],
                "images": Images(images.cpu())},

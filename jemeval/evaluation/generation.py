@@ -26,14 +26,15 @@ import numpy as np
 import torch
 
 from jemeval.artifacts import Samples, SamplesResult, load_samples
+from jemeval.context import RunContext, takes_context
 from jemeval.data import load_dataset, to_arrays
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel, log_p
 from jemeval.errors import CheckpointError, UsageError, did_you_mean
-from jemeval.evaluation.batching import check_finite_outputs, check_min, prepare_model, training_dataset
+from jemeval.evaluation.batching import check_finite_outputs
+from jemeval.evaluation.inputs import check_min, prepare_model, stamp, training_dataset
 from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
-from jemeval.progress import ProgressArg, progress_bar
-from jemeval.provenance import provenance
+from jemeval.progress import progress_bar
 from jemeval.runtime.shards import batch_generator, map_batches, my_batches
 from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
 from jemeval.sampling.recorded import recorded_sgld
@@ -101,7 +102,7 @@ def buffer_from_model(model: EnergyModel, replay_buffer: torch.Tensor | None) ->
 
 def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init: str, generator: torch.Generator, *,
                  replay_buffer: torch.Tensor | None = None, data: str | None = None,
-                 data_root: str | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                 context: RunContext) -> tuple[torch.Tensor, dict[str, Any]]:
     """``n`` chain starts on the CPU (drawn from ``generator``) and a description of their source."""
     shape = model.input_shape
     if init == "noise":
@@ -123,7 +124,7 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
     if not spec:
         raise UsageError("data must name a dataset to start chains from its images (the model's checkpoint "
                          "names none)", param="data")
-    xs, _ = to_arrays(load_dataset(spec, split="train", root=data_root))
+    xs, _ = to_arrays(load_dataset(spec, split="train", root=context.data_root))
     if tuple(xs.shape[1:]) != tuple(shape):
         raise UsageError(f"data {spec!r} has images {tuple(xs.shape[1:])} but the model takes {tuple(shape)}",
                          param="data")
@@ -133,7 +134,7 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
 
 # -- the sampler loop --------------------------------------------------------------------------
 def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.Tensor | None, *,
-               batch_size: int, seed: int, progress: ProgressArg) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+               context: RunContext) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Run SGLD from ``x0`` in batches of chains; returns (the samples and what the model says about
     them, all on the CPU; the mean log p~ trace).
 
@@ -142,10 +143,10 @@ def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.
     samples of one process. The trace is summed in batch order, as one process would. Non-finite
     samples or log p~ (a model whose finite weights overflow) stop with one line naming the batch.
     """
-    n, steps = len(x0), sgld.steps
+    n, steps, seed, batch_size = len(x0), sgld.steps, context.seed, context.batch(DEFAULT_BATCH_SIZE)
     n_batches = math.ceil(n / batch_size)
     check_starts(model, x0, batch_size)
-    with progress_bar(progress, steps * len(my_batches(n_batches)), "SGLD", unit="step") as bar:
+    with progress_bar(context.progress, steps * len(my_batches(n_batches)), "SGLD", unit="step") as bar:
         def one(b: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             part = slice(b * batch_size, (b + 1) * batch_size)
             y = None if targets is None else targets[part]
@@ -252,6 +253,7 @@ def summarise(parts: dict[str, torch.Tensor], targets: torch.Tensor, classes: li
 
 # -- public entry point ------------------------------------------------------------------------
 @deprecated_keywords(renamed={"step_size": "sgld_step_size", "noise": "sgld_noise"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def sample(
     model: EnergyModel | str | os.PathLike,
     *,
@@ -265,12 +267,8 @@ def sample(
     init: str = "noise",
     replay_buffer: torch.Tensor | None = None,
     data: str | None = None,
-    data_root: str | None = None,
     top_confident: float | None = None,
-    seed: int = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    progress: ProgressArg = None,
+    context: RunContext,
 ) -> SamplesResult:
     """Draw samples from a JEM by SGLD (see the module docstring).
 
@@ -279,20 +277,22 @@ def sample(
     ``buffer`` (the checkpoint's replay buffer, or ``replay_buffer``) or ``data`` (training images
     of ``data``, default the model's dataset). ``steps``, ``sgld_step_size``, ``sgld_noise``,
     ``clamp`` and ``bn_mode`` set the chains' SGLD. ``top_confident=P`` keeps the P% most confident
-    samples of each predicted class. Returns a Result: one record per class plus "all", the
-    settings and the log p~ trace in ``extra``, and the :class:`~jemeval.artifacts.Samples` in
-    ``extra["samples"]`` (``save_npz``, ``save_grid``).
+    samples of each predicted class. ``seed``, ``device``, ``batch_size`` (chains run at once),
+    ``progress`` and ``data_root``: the run's :class:`~jemeval.context.RunContext`. Returns a Result:
+    one record per class plus "all", the settings and the log p~ trace in ``extra``, and the
+    :class:`~jemeval.artifacts.Samples` in ``extra["samples"]`` (``save_npz``, ``save_grid``).
     """
-    model = prepare_model(model, device)
-    check_sample_args(init, n, batch_size, top_confident)
+    model = prepare_model(model, context.device)
+    seed, batch_size = context.seed, context.batch(DEFAULT_BATCH_SIZE)
+    check_sample_args(init, n, top_confident)
     cls = resolve_classes(classes, model.num_classes)
     sgld, sgld_source = recorded_sgld(model, DEFAULT_STEPS if steps is None else int(steps), step_size=sgld_step_size,
                                       noise=sgld_noise, clamp=clamp, bn_mode=bn_mode)
     targets = None if cls is None else torch.tensor(cls).repeat_interleave(n)
     total = n if cls is None else n * len(cls)
     x0, init_info = chain_starts(model, total, targets, init, torch.Generator().manual_seed(seed),
-                                 replay_buffer=replay_buffer, data=data, data_root=data_root)
-    parts, trace = run_chains(model, sgld, x0, targets, batch_size=batch_size, seed=seed, progress=progress)
+                                 replay_buffer=replay_buffer, data=data, context=context)
+    parts, trace = run_chains(model, sgld, x0, targets, context=context)
     parts["target"] = torch.full((total,), -1, dtype=torch.long) if targets is None else targets
     if top_confident is not None:
         keep = top_confident_mask(parts["predicted"].numpy(), parts["confidence"].numpy(), top_confident)
@@ -305,21 +305,20 @@ def sample(
         "top_confident": top_confident, "top_confident_rule": TOP_CONFIDENT_RULE if top_confident else None,
         "n_generated": total, "n_kept": len(parts["x"]), "batch_size": batch_size, "seed": seed, "seed_use": SEED_USE,
     }
-    return samples_result(model, parts, trace, settings, cls, seed)
+    return samples_result(model, parts, trace, settings, cls, context)
 
 
-def check_sample_args(init: str, n: int, batch_size: int, top_confident: float | None) -> None:
+def check_sample_args(init: str, n: int, top_confident: float | None) -> None:
     check_init(init)
     check_min("n", n, 1)
-    check_min("batch_size", batch_size, 1)
     if top_confident is not None and not 0 < top_confident <= 100:
         raise UsageError(f"top_confident is a percentage in (0, 100], got {top_confident:g}", param="top_confident")
 
 
 def samples_result(model: EnergyModel, parts: dict[str, torch.Tensor], trace: torch.Tensor, settings: dict[str, Any],
-                   classes: list[int] | None, seed: int) -> SamplesResult:
+                   classes: list[int] | None, context: RunContext) -> SamplesResult:
     """The Result of ``sample``: records per class, settings and trace, the Samples themselves."""
-    prov = provenance(command="sample", model=model, device=model.device, seed=seed, settings=settings)
+    prov = stamp("sample", model, context, settings)
     samples = Samples(x=parts["x"], target=parts["target"], log_p=parts["log_p"], log_px=parts["log_px"],
                       predicted=parts["predicted"], confidence=parts["confidence"], log_p_trace=trace,
                       settings=settings, provenance=prov)

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from jemeval.atomic import write_text_atomic
+from jemeval.context import RunContext, takes_context
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import recorded_dataset
+from jemeval.evaluation.inputs import recorded_dataset
 from jemeval.formats.load import is_model_source, load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
 from jemeval.provenance import file_sha256, provenance
@@ -114,28 +113,29 @@ def prefixed(progress: ProgressArg, prefix: str):
     return lambda total, desc, **kw: inner(total, f"{prefix} {desc}", **kw)
 
 
-def compute(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]], device: torch.device, *,
-            force: bool, progress: ProgressArg, dataset: str | None = None) -> dict[tuple[str, str], Entry]:
+def compute(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]], context: RunContext, *,
+            force: bool, dataset: str | None = None) -> dict[tuple[str, str], Entry]:
     """Every (model, section) Entry: from the cache when its settings match (and not ``force``) and it
     is what jemeval wrote, else computed and cached at once (the Entry's ``note`` says why a cached
     one was not used); a failure becomes the Entry's one-line error. The cache key covers ``dataset``
-    (the sections' default data) as it covers the data the options name.
+    (the sections' default data) as it covers the data the options name, and the context's device
+    (resolved); the sections run in ``context`` (its progress shown per section).
 
     Under torchrun every rank computes every section together (the sections share out their batches);
     rank 0 decides what the cache holds and alone writes it, and the ranks agree on every error.
     """
     entries: dict[tuple[str, str], Entry] = {}
     writes = rank_and_world()[0] == 0
-    with progress_bar(progress, len(plan) * len(models), "report", unit="section", leave=True) as bar:
+    with progress_bar(context.progress, len(plan) * len(models), "report", unit="section", leave=True) as bar:
         for section, options in plan.items():
             for m in models:
                 bar.describe(f"report: {section} {m.name}")
-                key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(device),
+                key = settings_hash(section, options, checkpoint_sha256=m.sha256, device=str(context.device),
                                     datasets=[dataset] if dataset else [])
                 notes: list[str] = []
                 entry = None if force else load_entry(folder.path, section, m.sha256, key, notes)
                 if not D.main_value(entry is not None):
-                    entry = compute_entry(folder, section, m, options, key, device, progress, write=writes)
+                    entry = compute_entry(folder, section, m, options, key, context, write=writes)
                     entry.note = notes[0] if notes else None
                 elif entry is None:  # rank 0's cache hit (this rank writes nothing, so needs no Results)
                     entry = Entry(section, m.sha256, cached=True)
@@ -145,13 +145,13 @@ def compute(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[
 
 
 def compute_entry(folder: ReportFolder, section: str, m: ModelInfo, options: dict[str, Any], key: str,
-                  device: torch.device, progress: ProgressArg, *, write: bool) -> Entry:
+                  context: RunContext, *, write: bool) -> Entry:
     """One (model, section) computed now, and cached when ``write``; a failure is its one-line error
     (agreed on by every rank: :func:`jemeval.runtime.distributed.shared_error`)."""
     start = time.perf_counter()
     try:
-        runs = run_section(section, m.path, options, device=device,
-                           progress=prefixed(progress, f"[{m.name} {section}]"))
+        runs = run_section(section, m.path, options,
+                           context=context.replace(progress=prefixed(context.progress, f"[{m.name} {section}]")))
         if not write:
             return Entry(section, m.sha256, runs=runs, seconds=round(time.perf_counter() - start, 3))
         return save_entry(folder, section, m.sha256, key, runs, time.perf_counter() - start)
@@ -160,6 +160,7 @@ def compute_entry(folder: ReportFolder, section: str, m: ModelInfo, options: dic
         return Entry(section, m.sha256, error=failure(D.shared_error(exc)), seconds=seconds)
 
 
+@takes_context
 def report(
     models: Any,
     *,
@@ -170,7 +171,6 @@ def report(
     force: bool = False,
     data: str | None = None,
     n: int | None = None,
-    seed: int = 0,
     input_sigma: float | None = None,
     refine_steps: int | Sequence[int] | None = None,
     ood: str | Sequence[str] | None = None,
@@ -178,38 +178,37 @@ def report(
     norm: str | Sequence[str] | None = None,
     epsilons: Sequence[float] | None = None,
     attacks: Any = None,
-    data_root: str | os.PathLike | None = None,
-    download: bool | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
-    device: str | torch.device | None = None,
-    progress: ProgressArg = None,
     config: Mapping[str, Any] | None = None,
+    context: RunContext,
 ) -> ReportResult:
     """Evaluate ``models`` (checkpoint paths, or a mapping name -> path) side by side into ``out``.
 
     ``preset`` (quick or paper) sets every section's options; ``data``, ``n``, ``seed``,
     ``input_sigma``, ``refine_steps``, ``ood``, ``scores``, ``norm`` (robust: one call per norm),
-    ``epsilons``, ``attacks``, ``data_root`` and ``download`` override them in the sections that
-    take them, and ``options`` (``{"robust": {"grad_mode": "bpda"}}``) sets any other parameter of a
-    section's function.
-    ``force`` recomputes cached results. ``device`` defaults to cuda when available. ``config`` (what a
-    ``--config`` file set) is recorded in the provenance. Returns a
-    :class:`ReportResult`; files are described in the module docstring.
+    ``epsilons``, ``attacks``, ``data_root``, ``download`` and ``batch_size`` override them in the
+    sections that take them, and ``options`` (``{"robust": {"grad_mode": "bpda"}}``) sets any other
+    parameter of a section's function. ``seed``, ``data_root``, ``download``, ``batch_size``,
+    ``device`` (default: cuda when available), ``progress`` and ``cache`` are the run's
+    :class:`~jemeval.context.RunContext`, which every section runs in.
+    ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
+    provenance. Returns a :class:`ReportResult`; files are described in the module docstring.
     """
     pairs = model_list(models, names)
     chosen = resolve_sections(sections)
     infos = [describe(name, path) for name, path in pairs]
     dataset = data or common_dataset(infos)
-    overrides = {"data": data, "n": n, "seed": int(seed), "input_sigma": input_sigma, "refine_steps": refine_steps,
-                 "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons, "attacks": attacks,
-                 "data_root": None if data_root is None else os.fspath(data_root), "download": download or None}
+    overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma,
+                 "refine_steps": refine_steps, "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons,
+                 "attacks": attacks, "data_root": None if context.data_root is None else os.fspath(context.data_root),
+                 "download": context.download or None, "batch_size": context.batch_size}
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
-    dev = resolve_device(device)
+    context = context.replace(device=resolve_device(context.device))
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
     folder = (claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name) if main
               else ReportFolder(out))  # the other ranks read the cache, never write
-    entries = compute(folder, infos, plan, dev, force=force, progress=progress, dataset=dataset)
-    prov = provenance(command="report", device=dev, seed=int(seed), settings={
+    entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
+    prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset}
                    for m in infos]})

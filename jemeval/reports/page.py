@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jemeval.evaluation.ood import METRIC_NOTE
+from jemeval.evaluation.ood.evaluate import METRIC_NOTE
 from jemeval.reports.document import Block, Bullets, Figure, Folded, Heading, Para
 from jemeval.reports.tables import Table, section_tables
 from jemeval.results import Result

@@ -10,23 +10,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
+from jemeval.context import RunContext, takes_context
 from jemeval.errors import JemevalError
-from jemeval.progress import ProgressArg
 from jemeval.reports.settings import FUNCTIONS, ROBUST_NORMS_KEY, epsilons_for
 from jemeval.results import Result
 
 
-def run_section(section: str, model: str | os.PathLike, options: dict[str, Any], *, device: torch.device,
-                progress: ProgressArg) -> list[Result]:
-    """The Results of ``section``'s function for the checkpoint ``model`` with ``options``."""
+@takes_context
+def run_section(section: str, model: str | os.PathLike, options: dict[str, Any], *,
+                context: RunContext) -> list[Result]:
+    """The Results of ``section``'s function for the checkpoint ``model`` with ``options``, run in the
+    report's ``context`` (its device, progress and cache policy; the options set what they name)."""
     fn = FUNCTIONS[section]
     if section != "robust":
-        return [fn(str(model), **options, device=device, progress=progress)]
+        return [fn(str(model), **options, context=context)]
     rest = {k: v for k, v in options.items() if k not in (ROBUST_NORMS_KEY, "epsilons")}
-    return [fn(str(model), norm=norm, epsilons=epsilons_for(options.get("epsilons"), norm), **rest, device=device,
-               progress=progress) for norm in options[ROBUST_NORMS_KEY]]
+    return [fn(str(model), norm=norm, epsilons=epsilons_for(options.get("epsilons"), norm), **rest, context=context)
+            for norm in options[ROBUST_NORMS_KEY]]
 
 
 def failure(exc: Exception) -> str:

@@ -6,8 +6,8 @@ in three layers, each over the one before:
 1. the preset (:data:`PRESETS`): ``quick`` (minutes on a CPU for digits) or ``paper`` (the JEM
    paper's settings: more inputs, refinement steps 0/1/10, every OOD set of the dataset);
 2. the common overrides (``data``, ``n``, ``seed``, ``input_sigma``, ``refine_steps``, ``ood``,
-   ``scores``, ``norm``, ``epsilons``, ``attacks``, ``data_root``, ``download``), each sent to the
-   sections that take it (:data:`COMMON`);
+   ``scores``, ``norm``, ``epsilons``, ``attacks``, ``data_root``, ``download``, ``batch_size``), each
+   sent to the sections that take it (:data:`COMMON`);
 3. ``options``: ``{section: {parameter: value}}`` for anything else a section's function accepts
    (checked against its signature), so options added to those functions flow through unchanged.
 
@@ -26,8 +26,8 @@ from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.accuracy import evaluate
 from jemeval.evaluation.calibration import calibrate
 from jemeval.evaluation.generation import sample
-from jemeval.evaluation.ood import DEFAULT_SCORES, evaluate_ood
-from jemeval.evaluation.robustness import DEFAULT_EPSILONS, MAX_EPSILON, robust
+from jemeval.evaluation.ood.evaluate import DEFAULT_SCORES, evaluate_ood
+from jemeval.evaluation.robust.evaluate import DEFAULT_EPSILONS, MAX_EPSILON, robust
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import _plain
 
@@ -36,8 +36,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "accuracy": evaluate, "calibration": calibrate, "ood": evaluate_ood, "robust": robust, "samples": sample,
 }
 SECTIONS = tuple(FUNCTIONS)
-#: parameters the report passes itself (never options): the model, where it runs, how progress shows
-RESERVED = ("model", "device", "progress")
+#: parameters the report passes itself (never options): the model, where it runs, how progress shows, the
+#: run's context they come in
+RESERVED = ("model", "device", "progress", "context")
 #: robust takes one norm per call; a report's robust section takes a list and calls robust once per norm
 ROBUST_NORMS_KEY = "norm"
 
@@ -50,7 +51,7 @@ PAPER_OOD = {
 }
 #: epsilons per norm in [0, 1] pixel units. Each list ends at the norm's largest epsilon (Linf 1, L2
 #: "max": the input's diameter, whatever the image size), where every image is within reach: only
-#: there does the large-epsilon sanity check (evaluation/robust_checks.py) judge a refined model
+#: there does the large-epsilon sanity check (evaluation/robust/checks.py) judge a refined model
 #: (K > 0), which otherwise may look robust because its randomness undoes the adversarials.
 QUICK_EPSILONS = {"l2": [0.0, 0.5, 1.0, 2.0, MAX_EPSILON], "linf": [0.0, 2 / 255, 8 / 255, 16 / 255, 1.0]}
 PAPER_EPSILONS = {"l2": [*DEFAULT_EPSILONS["l2"], MAX_EPSILON], "linf": [*DEFAULT_EPSILONS["linf"], 1.0]}
@@ -92,6 +93,7 @@ COMMON = {
     "data_root": {"accuracy": "data_root", "calibration": "data_root", "ood": "data_root", "robust": "data_root",
                   "samples": "data_root"},
     "download": {"accuracy": "download", "calibration": "download", "ood": "download", "robust": "download"},
+    "batch_size": {s: "batch_size" for s in SECTIONS},
 }
 
 

@@ -1,7 +1,7 @@
 """``--nproc N``: the same command line again, in N processes on this machine, through
 ``torch.distributed.run`` (gloo on CPU, nccl on CUDA with one GPU per process).
 
-Shared by ``jemeval train`` (DistributedDataParallel, :mod:`jemeval.training.launch` adds its own
+Shared by ``jemeval train`` (DistributedDataParallel, :func:`jemeval.training.rundir.check_launch` adds its
 checks) and the evaluation commands (sharded by whole batches, :mod:`jemeval.runtime.shards`).
 Everything a worker would refuse about the processes themselves is checked first
 (:func:`check_nproc`), so a mistake is one line before any process starts; inside a worker the

@@ -6,15 +6,15 @@
     result = train(TrainConfig(...))                             # everything explicit
     result.records[0]["best"], result.records[0]["test_acc"]     # best.pt and its test accuracy
 
-Modules, one job each: trainer (the loop, top to bottom), config (settings), recipes (defaults), session
-(process group, run folder, resume checkpoint), parts (data, model, optimizer, buffer, wired),
-feed (the images of each iteration), step (one iteration), objectives (loss terms), schedule (lr),
-augment (tensor-level augmentation), splits (validation split, labelled subset), runstate (where
-the run stands), checkpointing (last.pt / best.pt), divergence (detection, the recovery ladder),
-recovery (rollbacks), stopping (signals, stop requests), state (RNG state), reporting (metrics.csv,
-progress bar, stderr), metrics_log (the CSV), visuals (sample grids), summary (the result), rundir
-(the run folder: lock, no silent replacement, cleanup), ddp (what changes under DDP), launch
-(``--nproc``: relaunch through torchrun).
+Modules, one job each: trainer (the run top to bottom: entering it, the learning rate, stop requests,
+the loop, rollbacks), config (settings, resume rules), recipes (defaults), rundir (the run folder:
+lock, no silent replacement, cleanup, pre-launch checks), parts (data, model, optimizer, buffer,
+seeding, wired), splits (validation split, labelled subset, the images of each iteration), step (one
+iteration), objectives (loss terms), augment (tensor-level augmentation), checkpointing (what last.pt
+and best.pt hold: the RunPosition, random states; resume and rollback), divergence (detection, the
+recovery ladder), reporting (metrics.csv, progress bar, stderr), loggers (the log_to sinks), visuals (sample
+grids), summary (the result), ddp (what changes under DDP). 0.2's module paths feed, launch,
+metrics_log, recovery, runstate, schedule, session, state and stopping keep importing for one release.
 """
 from __future__ import annotations
 

@@ -1,83 +1,196 @@
-"""last.pt and best.pt: what a run saves, and how a resume or a rollback puts it back.
+"""What last.pt and best.pt hold, in one place: the run's position, its random states, and how a
+resume or a rollback puts them back.
 
-``last.pt`` holds everything a resume needs: weights, optimizer, the replay buffer (every rank's
-chains, in rank order), counters, every random state (one per rank under DDP), the metrics rows and
-the recovery adjustments, in the plain-data layout of :mod:`jemeval.formats.native` (it loads with
-``weights_only=True``). ``best.pt`` is the same model file without the training state. Rank 0
-writes; saving is a collective under DDP (every rank joins the gathers, then waits for the file).
-Weights come back through :func:`jemeval.formats.native.load_state`, which refuses non-finite values.
+``last.pt`` holds everything a resume needs, in the plain-data layout of :mod:`jemeval.formats.native`
+(it loads with ``weights_only=True``):
+
+* ``state_dict``, ``replay_buffer`` (every rank's chains, in rank order), ``config`` (:func:`config_record`),
+  ``provenance``;
+* ``training_state`` (:func:`training_state`): the :class:`RunPosition` (epoch, batch, step, best epoch,
+  recoveries, adjustments, elapsed time), the optimizer, the metrics.csv rows, the schedule's settings,
+  the world size, and per rank (``ranks`` under DDP, the top level in one process) the data positions,
+  the unreduced epoch sums and every random state (:func:`capture_rng`).
+
+``best.pt`` is the same model file without the training state. Rank 0 writes; saving is a collective
+under DDP (every rank joins the gathers, then waits for the file). Weights come back through
+:func:`jemeval.formats.native.load_state`, which refuses non-finite values. Checkpoints written by
+0.1 and 0.2 have this layout and resume as they are.
 """
 from __future__ import annotations
 
+import os
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from jemeval.formats.native import load_state, save_checkpoint
+from jemeval.errors import UsageError
+from jemeval.formats.native import load_state, read_checkpoint, save_checkpoint
 from jemeval.provenance import provenance
 from jemeval.runtime import distributed as D
+from jemeval.training import ddp
 from jemeval.training.divergence import Adjustments
-from jemeval.training.feed import batch_plan
-from jemeval.training.metrics_log import MetricsLog
-from jemeval.training.parts import Parts, effective_config
-from jemeval.training.runstate import EpochStats, Progress
-from jemeval.training.state import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    from jemeval.training.parts import Parts
+
+STAT_KEYS = ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample", "correct")
 
 
-def config_record(parts: Parts, progress: Progress) -> dict[str, Any]:
+# -- where the run stands ---------------------------------------------------------------------------
+class EpochStats:
+    """Running sums of one epoch's iteration statistics, kept on the device (no per-iteration sync)."""
+
+    def __init__(self, device: torch.device, saved: dict | None = None) -> None:
+        self.sums = torch.zeros(len(STAT_KEYS), dtype=torch.float32, device=device)
+        self.iterations = 0
+        self.images = 0  # labelled images seen (a host counter: batch sizes are known)
+        self.seconds = 0.0
+        if saved:
+            self.sums = torch.tensor([saved["sums"][k] for k in STAT_KEYS], dtype=torch.float32, device=device)
+            self.iterations, self.images = int(saved["iterations"]), int(saved["images"])
+            self.seconds = float(saved["seconds"])
+
+    def add(self, stats: dict[str, torch.Tensor], images: int) -> None:
+        self.sums += torch.stack([stats[k].float() for k in STAT_KEYS])
+        self.iterations += 1
+        self.images += images
+
+    def means(self, *, pooled: bool = False) -> dict[str, float]:
+        """Per-iteration means and the training accuracy; ``pooled`` averages over every rank
+        (a collective under DDP: every rank must call it) and counts every rank's images."""
+        sums, images = ddp.reduce_sums(self.sums, self.images) if pooled else (self.sums, self.images)
+        values = dict(zip(STAT_KEYS, sums.cpu().tolist()))
+        world = D.dist.get_world_size() if pooled and D.active() else 1
+        it = max(self.iterations, 1) * world
+        out = {k: values[k] / it for k in ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample")}
+        out["train_acc"] = values["correct"] / images if images else float("nan")
+        out["images"] = images
+        return out
+
+    def state(self) -> dict:
+        return {"sums": dict(zip(STAT_KEYS, self.sums.cpu().tolist())), "iterations": self.iterations,
+                "images": self.images, "seconds": self.seconds}
+
+
+@dataclass
+class RunPosition:
+    """Where the run stands: everything that changes while training (the other parts are built once,
+    :mod:`.parts`). Saved whole in last.pt, so a resumed run continues exactly where it stopped."""
+
+    stats: EpochStats  # the epoch in progress
+    epoch: int = 0  # completed epochs
+    batch: int = 0  # iterations done in the current epoch
+    step: int = 0  # global iteration counter
+    perm: torch.Tensor | None = None  # this rank's order of the epoch's images (None: not drawn yet)
+    lab_perm: torch.Tensor | None = None  # the current cycle through the labelled images (semi-supervised)
+    lab_pos: int = 0  # position in that cycle
+    best_val_acc: float | None = None
+    best_epoch: int | None = None
+    recoveries: int = 0
+    adjustments: Adjustments = field(default_factory=Adjustments)
+    elapsed: float = 0.0  # training seconds over every session of the run
+
+    def next_epoch(self) -> None:
+        """Count the epoch in progress as done; the next one draws a new order and new sums."""
+        self.epoch += 1
+        self.batch = 0
+        self.perm = None
+        self.stats = EpochStats(self.stats.sums.device)
+
+
+# -- random states: a resumed run draws the same numbers as the uninterrupted one -------------------
+def capture_rng(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Every random state a run draws from, as plain tensors and numbers: the trainer's own generator
+    (shuffling, buffer draws, SGLD noise, augmentation, sigma noise), torch's CPU and CUDA generators
+    (initialisation, dropout), NumPy's and Python's. The JEM release stored none and could not resume."""
+    np_state = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64),
+                   "gauss_next": py_gauss},
+    }
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    """Put back what :func:`capture_rng` saved (CUDA states only onto as many devices as saved them)."""
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"]))
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"].cpu())
+
+
+# -- writing ------------------------------------------------------------------------------------------
+def config_record(parts: Parts, position: RunPosition) -> dict[str, Any]:
     """The full configuration as stored: effective SGLD settings, sigma, and resolved values."""
     config = parts.config
     record = config.to_dict()
-    effective = effective_config(config, progress.adjustments)
+    effective = position.adjustments.applied_to(config)
     record["sgld"] = effective.sgld().settings()  # what sampling really uses (recovery may raise steps)
     record["effective"] = {"sgld_steps": effective.sgld_steps, "energy_l2": effective.energy_l2,
-                           "lr_scale": progress.adjustments.lr_scale}
+                           "lr_scale": position.adjustments.lr_scale}
     record["resolved"] = {
         "device": str(parts.device), "fastpath": parts.fastpath.settings(),
         "augment": parts.augment.settings(), "data": parts.data.describe(),
         "world_size": parts.ctx.world_size, "backend": parts.ctx.backend,
-        "per_rank_batch": batch_plan(len(parts.data.x), config.batch_size, parts.ctx.world_size)[1],
+        "per_rank_batch": ddp.batch_plan(len(parts.data.x), config.batch_size, parts.ctx.world_size)[1],
         "per_rank_buffer": None if parts.buffer is None else len(parts.buffer),
     }
     return record
 
 
-def run_provenance(parts: Parts, progress: Progress, **training: Any) -> dict[str, Any]:
+def run_provenance(parts: Parts, position: RunPosition, **training: Any) -> dict[str, Any]:
     record = provenance(command="train", device=parts.device, seed=parts.config.seed,
-                        settings=config_record(parts, progress))
-    record["training"] = {"epoch": progress.epoch, "step": progress.step, **training}
+                        settings=config_record(parts, position))
+    record["training"] = {"epoch": position.epoch, "step": position.step, **training}
     return record
 
 
-def _rank_state(parts: Parts, progress: Progress) -> dict[str, Any]:
+def _rank_state(parts: Parts, position: RunPosition) -> dict[str, Any]:
     """What differs between ranks: data shard position, random streams, unreduced epoch sums."""
     return {
-        "perm": None if progress.perm is None else progress.perm.cpu(),
-        "lab_perm": None if progress.lab_perm is None else progress.lab_perm.cpu(), "lab_pos": progress.lab_pos,
+        "perm": None if position.perm is None else position.perm.cpu(),
+        "lab_perm": None if position.lab_perm is None else position.lab_perm.cpu(), "lab_pos": position.lab_pos,
         "rng": capture_rng(parts.generator),
-        "epoch_stats": progress.stats.state() if progress.batch else None,
+        "epoch_stats": position.stats.state() if position.batch else None,
     }
 
 
-def training_state(parts: Parts, progress: Progress, metrics: MetricsLog) -> dict[str, Any]:
+def training_state(parts: Parts, position: RunPosition, metrics_rows: list[dict]) -> dict[str, Any]:
     """Everything a resume needs (a collective under DDP: every rank's state is gathered)."""
     config = parts.config
-    mine = _rank_state(parts, progress)
+    mine = _rank_state(parts, position)
     ranks = D.gather_objects(mine)
     return {
-        "epoch": progress.epoch, "batch": progress.batch, "step": progress.step,
+        "epoch": position.epoch, "batch": position.batch, "step": position.step,
         "world_size": parts.ctx.world_size,
         **mine,  # rank 0's (the whole state in a single process)
         "ranks": ranks if parts.ctx.distributed else None,
-        "best_val_acc": progress.best_val_acc, "best_epoch": progress.best_epoch,
-        "recoveries": progress.recoveries, "adjustments": progress.adjustments.as_dict(),
+        "best_val_acc": position.best_val_acc, "best_epoch": position.best_epoch,
+        "recoveries": position.recoveries, "adjustments": position.adjustments.as_dict(),
         "optimizer": parts.optimizer.state_dict(),
         "scheduler": {"kind": "linear warm-up + step decay", "base_lr": config.lr,
                       "warmup_iters": config.warmup_iters, "decay_epochs": list(config.decay_epochs),
-                      "decay_rate": config.decay_rate, "lr_scale": progress.adjustments.lr_scale},
-        "metrics": metrics.state(),
-        "elapsed": progress.elapsed,
+                      "decay_rate": config.decay_rate, "lr_scale": position.adjustments.lr_scale},
+        "metrics": [dict(row) for row in metrics_rows],  # plain rows: floats, ints, strings, None
+        "elapsed": position.elapsed,
     }
 
 
@@ -86,32 +199,53 @@ def _gathered_buffer(parts: Parts) -> torch.Tensor | None:
     return None if parts.buffer is None else D.all_gather_cat(parts.buffer.data)
 
 
-def save_last(parts: Parts, progress: Progress, metrics: MetricsLog) -> Path:
+def save_last(parts: Parts, position: RunPosition, metrics_rows: list[dict]) -> Path:
     """Write last.pt (rank 0; every rank joins the gathers, then waits for the file)."""
-    buffer, state = _gathered_buffer(parts), training_state(parts, progress, metrics)
+    buffer, state = _gathered_buffer(parts), training_state(parts, position, metrics_rows)
     path = parts.out / "last.pt"
     if parts.ctx.is_main:
         save_checkpoint(path, parts.model, dataset=parts.config.dataset, replay_buffer=buffer,
-                        training_state=state, config=config_record(parts, progress),
-                        provenance=run_provenance(parts, progress, best_val_acc=progress.best_val_acc))
+                        training_state=state, config=config_record(parts, position),
+                        provenance=run_provenance(parts, position, best_val_acc=position.best_val_acc))
     D.barrier()
     return path
 
 
-def save_best(parts: Parts, progress: Progress, val_acc: float | None, train_acc: float) -> Path:
+def save_best(parts: Parts, position: RunPosition, val_acc: float | None, train_acc: float) -> Path:
     """Write best.pt (rank 0; a collective under DDP like :func:`save_last`)."""
     buffer = _gathered_buffer(parts)
     path = parts.out / "best.pt"
     if parts.ctx.is_main:
         save_checkpoint(path, parts.model, dataset=parts.config.dataset, replay_buffer=buffer,
-                        config=config_record(parts, progress),
-                        provenance=run_provenance(parts, progress, val_acc=val_acc, train_acc=train_acc))
+                        config=config_record(parts, position),
+                        provenance=run_provenance(parts, position, val_acc=val_acc, train_acc=train_acc))
     D.barrier()
     return path
 
 
-def restore(parts: Parts, progress: Progress, checkpoint: dict, path: Path, *, keep_history: bool = False) -> None:
-    """Load weights, optimizer, this rank's buffer chains, counters and random states from a
+# -- reading --------------------------------------------------------------------------------------------
+def resume_path(out: str | os.PathLike) -> Path:
+    """``out/last.pt``, which a resume continues (a one-line error when there is none)."""
+    path = Path(out) / "last.pt"
+    if not path.exists():
+        raise UsageError(f"resume=True: no {str(path)!r} to continue; run without resume=True or pass the run's out",
+                         param="out")
+    return path
+
+
+def load_resume_checkpoint(out: str) -> dict[str, Any]:
+    """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
+    path = resume_path(out)
+    ckpt = read_checkpoint(path)
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict)
+            and isinstance(ckpt.get("config"), dict)):
+        raise UsageError(f"resume=True: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
+                         "written by jemeval train can be resumed)", param="resume")
+    return ckpt
+
+
+def restore(parts: Parts, position: RunPosition, checkpoint: dict, path: Path, *, keep_history: bool = False) -> None:
+    """Load weights, optimizer, this rank's buffer chains, the position and random states from a
     last.pt of this run.
 
     ``keep_history`` (a rollback) keeps the recovery count and adjustments made since the
@@ -128,19 +262,34 @@ def restore(parts: Parts, progress: Progress, checkpoint: dict, path: Path, *, k
         parts.buffer.data.copy_(chunk.to(parts.buffer.data.device))
     restore_rng(mine["rng"], parts.generator)
     where = parts.generator.device
-    progress.epoch, progress.batch, progress.step = int(ts["epoch"]), int(ts["batch"]), int(ts["step"])
-    progress.perm = None if mine["perm"] is None else mine["perm"].to(where)
-    progress.lab_perm = None if mine["lab_perm"] is None else mine["lab_perm"].to(where)
-    progress.lab_pos = int(mine["lab_pos"])
-    progress.best_val_acc, progress.best_epoch = ts["best_val_acc"], ts["best_epoch"]
-    progress.elapsed = float(ts.get("elapsed", 0.0))
-    progress.stats = EpochStats(parts.device, mine.get("epoch_stats"))
+    position.epoch, position.batch, position.step = int(ts["epoch"]), int(ts["batch"]), int(ts["step"])
+    position.perm = None if mine["perm"] is None else mine["perm"].to(where)
+    position.lab_perm = None if mine["lab_perm"] is None else mine["lab_perm"].to(where)
+    position.lab_pos = int(mine["lab_pos"])
+    position.best_val_acc, position.best_epoch = ts["best_val_acc"], ts["best_epoch"]
+    position.elapsed = float(ts.get("elapsed", 0.0))
+    position.stats = EpochStats(parts.device, mine.get("epoch_stats"))
     if not keep_history:
-        progress.recoveries = int(ts["recoveries"])
-        progress.adjustments = Adjustments.from_dict(ts["adjustments"])
+        position.recoveries = int(ts["recoveries"])
+        position.adjustments = Adjustments.from_dict(ts["adjustments"])
     parts.monitor.reset()
 
 
 def stored_metrics(checkpoint: dict) -> list[dict]:
     """The metrics.csv rows saved in a last.pt (metrics.csv is rewritten from them on a resume)."""
     return checkpoint["training_state"]["metrics"]
+
+
+def stored_config(checkpoint: dict) -> dict[str, Any]:
+    """The configuration record a last.pt was written with (what a resume continues)."""
+    return checkpoint["config"]
+
+
+def saved_world_size(checkpoint: dict) -> int | None:
+    """How many processes wrote a last.pt (None: a run from before DDP support, one process)."""
+    return checkpoint["training_state"].get("world_size")
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """The weights of the checkpoint at ``path`` (best.pt) into ``model``; non-finite ones are refused."""
+    load_state(model, read_checkpoint(path)["state_dict"], str(path))

@@ -11,18 +11,17 @@ own gets what the user did not set derived from its size (:func:`derive_from_dat
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 from jemeval.data import absolute_spec, declared_splits, load_dataset, to_arrays
+from jemeval.deprecations import moved_names
 from jemeval.errors import JemevalError, UsageError, did_you_mean
-from jemeval.formats.native import read_checkpoint
 from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.training.augment import parse_augment
+from jemeval.training.checkpointing import load_resume_checkpoint, stored_config
 from jemeval.training.loggers import check_loggers
 from jemeval.training.recipes import (
     DATASET_DEFAULTS,
@@ -356,26 +355,6 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     return config.replace(**changes).validate()
 
 
-def resume_path(out: str | os.PathLike) -> Path:
-    """``out/last.pt``, which a resume continues (a one-line error when there is none)."""
-    path = Path(out) / "last.pt"
-    if not path.exists():
-        raise UsageError(f"resume=True: no {str(path)!r} to continue; run without resume=True or pass the run's out",
-                         param="out")
-    return path
-
-
-def load_resume_checkpoint(out: str) -> dict[str, Any]:
-    """The ``last.pt`` of the run in ``out``, checked to hold what a resume needs (one-line errors)."""
-    path = resume_path(out)
-    ckpt = read_checkpoint(path)
-    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("training_state"), dict)
-            and isinstance(ckpt.get("config"), dict)):
-        raise UsageError(f"resume=True: {str(path)!r} holds no training state (best.pt carries none; only last.pt "
-                         "written by jemeval train can be resumed)", param="resume")
-    return ckpt
-
-
 def resume_from(dataset: str, **given: Any) -> TrainConfig:
     """The config that continues the run in ``given["out"]`` (default ``runs/DATASET``).
 
@@ -385,9 +364,13 @@ def resume_from(dataset: str, **given: Any) -> TrainConfig:
     if given.get("overwrite"):
         raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
     out = given.get("out") or f"runs/{parse_spec(dataset).name}"
-    stored = load_resume_checkpoint(out)["config"]
+    stored = stored_config(load_resume_checkpoint(out))
     dataset = absolute_spec(dataset)  # as TrainConfig records it
     if stored.get("dataset") not in (None, dataset):
         raise UsageError(f"resume=True: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}",
                          param="resume")
     return resume_config(stored, **{**given, "out": str(out)})
+
+
+#: 0.2's path of a name that moved (it keeps working from here for one release, with a warning)
+__getattr__ = moved_names(__name__, {"resume_path": "jemeval.training.checkpointing"})

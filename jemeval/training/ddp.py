@@ -12,8 +12,8 @@ The semantics (docs/training.md, "Several processes"):
   same permutation on every rank, dealt out: the union of the ranks' b-th batches is exactly the
   single-process run's b-th batch.
 * Each rank keeps its own replay buffer of buffer_size // W chains and its own random stream
-  (:func:`jemeval.runtime.distributed.rank_generator`): SGLD noise, buffer draws, augmentation and sigma
-  noise differ between ranks (and from a single process).
+  (:func:`jemeval.runtime.distributed.rank_generator`, seeded once by :func:`.parts.seed_everything`):
+  SGLD noise, buffer draws, augmentation and sigma noise differ between ranks (and from a single process).
 * Metrics are averaged over ranks; rank 0 alone writes files and prints. Checkpoints hold the
   gathered buffer (rank order), every rank's random state and the world size, so a resume with the
   same number of processes continues exactly; another number is refused.
@@ -50,6 +50,13 @@ def check_global_batch(global_batch: int, world_size: int) -> None:
                          param="batch_size")
 
 
+def batch_plan(n: int, batch_size: int, world_size: int) -> tuple[int, int]:
+    """(iterations per epoch, this rank's batch): n // global batch iterations, the global batch
+    split evenly over the ranks."""
+    bs = min(batch_size, n)
+    return n // bs, bs // world_size
+
+
 def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
     """Refuse to resume a run written by a different number of processes (one line)."""
     saved = 1 if saved is None else int(saved)
@@ -58,14 +65,6 @@ def check_world(saved: int | None, ctx: D.DistContext, path: Any) -> None:
             f"resume=True: {str(path)!r} was written by {saved} process(es) but this run has {ctx.world_size}: "
             f"continue it with nproc={saved} (or torchrun --nproc-per-node {saved}); data shards, random streams "
             "and replay buffers are per process", param="resume")
-
-
-def seed_generator(generator: torch.Generator, seed: int, ctx: D.DistContext) -> None:
-    """Seed this rank's stream: ``seed`` itself in a single process, an independent stream per rank otherwise."""
-    if ctx.distributed:
-        generator.set_state(D.rank_generator(seed, ctx.rank, generator.device).get_state())
-    else:
-        generator.manual_seed(seed)
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

@@ -13,19 +13,25 @@ Detection, checked every ``check_every`` iterations (one host synchronisation fo
 * the gap mean E(samples) - mean E(data) outside +-``energy_gap_band`` for more than
   ``gap_patience`` consecutive iterations (in stable PCD training it oscillates around 0);
 * at every epoch end, before last.pt is written: a validation accuracy more than ``max_val_drop``
-  below the best so far (:func:`jemeval.training.recovery.check_validation`).
+  below the best so far (:func:`check_validation`).
+
+Under DDP every rank decides together (:func:`check`, :func:`check_validation`), so none waits for a
+rank that rolled back. The rollback itself is the trainer's (:meth:`.trainer.Trainer._roll_back`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from jemeval.training import ddp
 
 
 class Divergence(Exception):
     """Raised inside the epoch loop when the monitor sees a divergence (caught by the trainer, which
-    rolls back: :mod:`.recovery`)."""
+    rolls back to last.pt and climbs the :class:`RecoveryPolicy` ladder)."""
 
     def __init__(self, reason: str, step: int) -> None:
         super().__init__(reason)
@@ -96,6 +102,16 @@ class Adjustments:
     def from_dict(cls, d: dict | None) -> Adjustments:
         return cls(**(d or {}))
 
+    def applied_to(self, config: Any) -> Any:
+        """``config`` (a :class:`~.config.TrainConfig`) with these adjustments in force: what is
+        actually running (the learning rate's scale is applied by the schedule itself)."""
+        changes: dict[str, Any] = {}
+        if self.sgld_steps is not None:
+            changes["sgld_steps"] = self.sgld_steps
+        if self.energy_l2 is not None:
+            changes["energy_l2"] = self.energy_l2
+        return config.replace(**changes) if changes else config
+
 
 @dataclass
 class RecoveryPolicy:
@@ -128,3 +144,32 @@ class RecoveryPolicy:
             new.energy_l2 = max(0.1, adj.energy_l2 if adj.energy_l2 is not None else config.energy_l2)
             changes.append(f"energy_l2 {new.energy_l2:g}")
         return new, changes
+
+
+def check(monitor: DivergenceMonitor, step: int, device: torch.device) -> None:
+    """The divergence check, decided by all ranks together: if any rank diverged, all roll back."""
+    try:
+        monitor.check()
+        local = None
+    except Divergence as div:
+        local = div
+    if ddp.any_rank(local is not None, device) and local is None:
+        local = Divergence("divergence detected on another process", step)
+    if local is not None:
+        raise local
+
+
+def check_validation(val_acc: float | None, best: tuple[float | None, int | None], max_drop: float, step: int,
+                     device: torch.device) -> None:
+    """An epoch whose validation accuracy fell more than ``max_drop`` below the best so far (``best``:
+    accuracy, epoch) diverged too: JEM's energies can run away within one epoch without crossing the
+    per-iteration thresholds (seen on digits with the first ``recipe="fast"``, seed 4: 0.95 -> 0.33 in one epoch),
+    and such a state must never be saved as last.pt, the state every rollback returns to. Decided by
+    all ranks together, like :func:`check`."""
+    best_acc, best_epoch = best
+    collapsed = val_acc is not None and best_acc is not None and best_acc - val_acc > max_drop
+    if ddp.any_rank(collapsed, device):
+        if not collapsed:
+            raise Divergence("validation accuracy collapsed on another process", step)
+        raise Divergence(f"validation accuracy {val_acc:.4f} is more than {max_drop:g} below the best "
+                         f"({best_acc:.4f}, epoch {best_epoch})", step)

@@ -1,22 +1,25 @@
 """What a run trains with, built once: data, model, optimizer, replay buffer, monitor, random stream.
 
-:func:`build` wires them in a fixed order (the random generators are seeded before the model's
-initialisation and the buffer's uniform start, so a seed gives the same run). Only the iteration
-itself (:class:`~.step.TrainStep`) is rebuilt during a run: divergence recovery may change its SGLD
-steps and energy penalty (:func:`effective_config`, :func:`make_step`).
+:func:`build` wires them in a fixed order: :func:`seed_everything` first (the one place a run's
+random streams are seeded), before the model's initialisation and the buffer's uniform start, so a
+seed gives the same run. Only the iteration itself (:class:`~.step.TrainStep`) is rebuilt during a
+run: divergence recovery may change its SGLD steps and energy penalty (:func:`make_step`, with
+:meth:`~.divergence.Adjustments.applied_to`) and reseeds (:func:`seed_everything` again).
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from jemeval.energy.factory import create_model
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
+from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
 from jemeval.runtime.fastpath import FastPath
 from jemeval.sampling.buffer import ReplayBuffer
@@ -26,7 +29,6 @@ from jemeval.training.config import TrainConfig
 from jemeval.training.divergence import Adjustments, DivergenceMonitor, RecoveryPolicy
 from jemeval.training.objectives import Weights
 from jemeval.training.splits import TrainingData, prepare_data
-from jemeval.training.state import reseed
 from jemeval.training.step import StepOptions, TrainStep
 
 
@@ -57,7 +59,7 @@ def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
     fastpath = FastPath.for_device(device, bf16=config.bf16, channels_last=config.channels_last,
                                    compile=config.compile, pin_memory=False)
     generator = torch.Generator(device=device)
-    seed_everything(generator, config.seed, ctx)
+    seed_everything(config.seed, generator, ctx)
     data = prepare_data(config, device)
     augment = augment_for(config.augment, data.info, data.input_shape)
     model = create_model(config.arch, data.num_classes, data.input_shape,
@@ -73,10 +75,21 @@ def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
                  policy=RecoveryPolicy(config.seed, sampling=config.samples))
 
 
-def seed_everything(generator: torch.Generator, seed: int, ctx: DistContext) -> None:
-    """Seed every generator; under DDP the trainer's generator gets this rank's own stream."""
-    reseed(seed, generator)
-    ddp.seed_generator(generator, seed, ctx)
+def seed_everything(seed: int, generator: torch.Generator | None = None, ctx: DistContext | None = None) -> None:
+    """Seed, once, every random stream a run draws from: torch's global generators (initialisation,
+    dropout; CUDA's too), NumPy's, Python's, and the trainer's own ``generator`` (shuffling, buffer
+    draws, SGLD noise, augmentation, sigma noise): ``seed`` itself in a single process, this rank's
+    independent stream under DDP (:func:`jemeval.runtime.distributed.rank_generator`). A fresh run
+    calls it before building anything; a rollback calls it with the recovery seed."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+    random.seed(seed)
+    if generator is None:
+        return
+    if ctx is not None and ctx.distributed:
+        generator.set_state(D.rank_generator(seed, ctx.rank, generator.device).get_state())
+    else:
+        generator.manual_seed(seed)
 
 
 def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -100,22 +113,12 @@ def make_buffer(config: TrainConfig, data: TrainingData, ctx: DistContext, devic
                         device=device, generator=generator)
 
 
-def effective_config(config: TrainConfig, adjustments: Adjustments) -> TrainConfig:
-    """The configuration with recovery adjustments applied (what is actually running)."""
-    changes: dict[str, Any] = {}
-    if adjustments.sgld_steps is not None:
-        changes["sgld_steps"] = adjustments.sgld_steps
-    if adjustments.energy_l2 is not None:
-        changes["energy_l2"] = adjustments.energy_l2
-    return config.replace(**changes) if changes else config
-
-
 def make_step(parts: Parts, adjustments: Adjustments) -> TrainStep:
     """One training iteration with the settings now in force (rebuilt after every recovery)."""
-    cfg = effective_config(parts.config, adjustments)
-    weights = Weights(pyx=cfg.pyx_weight, px=cfg.px_weight, pxy=cfg.pxy_weight, l2=cfg.energy_l2)
-    options = StepOptions(sigma=cfg.sigma, short_run=cfg.short_run, class_cond_px=cfg.class_cond_px,
+    config = adjustments.applied_to(parts.config)
+    weights = Weights(pyx=config.pyx_weight, px=config.px_weight, pxy=config.pxy_weight, l2=config.energy_l2)
+    options = StepOptions(sigma=config.sigma, short_run=config.short_run, class_cond_px=config.class_cond_px,
                           fastpath=parts.fastpath)
-    return TrainStep(parts.model, parts.optimizer, sgld=cfg.sgld(), buffer=parts.buffer, weights=weights,
+    return TrainStep(parts.model, parts.optimizer, sgld=config.sgld(), buffer=parts.buffer, weights=weights,
                      num_classes=parts.data.num_classes, input_shape=parts.data.input_shape, augment=parts.augment,
                      generator=parts.generator, options=options, forward=parts.forward, sample_forward=parts.sample)

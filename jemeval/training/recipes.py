@@ -142,7 +142,7 @@ def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None
     """
     val = 0 if own_val else default_val_size(n_images)
     n_train = max(n_images - val, 1)
-    per_epoch = n_train // min(batch_size, n_train)  # as jemeval.training.feed.batch_plan counts them
+    per_epoch = n_train // min(batch_size, n_train)  # as jemeval.training.ddp.batch_plan counts them
     settings, why = {}, {}
     if epochs is None:
         epochs = settings["epochs"] = min(MAX_EPOCHS, max(GENERIC_EPOCHS, -(-MIN_ITERATIONS // per_epoch)))

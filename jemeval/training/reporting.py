@@ -1,15 +1,24 @@
-"""Everything a run tells its user: metrics.csv rows, the progress bar, the lines on stderr, and the
+"""Everything a run tells its user: metrics.csv, the progress bar, the lines on stderr, and the
 loggers (TensorBoard, wandb, a plugin's: :mod:`.loggers`).
 
 The loop never prints: the per-epoch line, the divergence and recovery events, the stop note and
 the progress bar all go through one :class:`Reporter`. Every rank keeps the metrics rows (they
-travel in last.pt); rank 0 alone writes metrics.csv, prints and logs. With ``progress=False`` there
-is no bar and no per-epoch line; events and notes are always printed. The loggers get the
-iteration's statistics every ``log_every`` iterations (rank 0's batch), each epoch's metrics row,
+travel in last.pt); rank 0 alone writes metrics.csv, prints and logs. With ``progress=False`` (the
+setting) there is no bar and no per-epoch line; events and notes are always printed. The loggers get
+the iteration's statistics every ``log_every`` iterations (rank 0's batch), each epoch's metrics row,
 and the epoch's sample grids.
+
+metrics.csv (:class:`MetricsLog`) has one row per epoch, plus one per divergence event, rewritten
+atomically. The rows also travel inside ``last.pt``, and every start and resume rewrites the file
+from them: a kill between the checkpoint and the CSV write cannot leave the CSV a row short for good.
+Read it with ``pandas.read_csv(path)``; the ``event`` column is empty on ordinary epochs and says what
+happened otherwise ("diverged: ...", "recovered: rollback to epoch 3, reseed 1001, lr 5e-05").
 """
 from __future__ import annotations
 
+import csv
+import io
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,16 +26,60 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from jemeval.atomic import write_text_atomic
 from jemeval.plots.grids import grid_image
 from jemeval.progress import LineBar, stderr_is_terminal
 from jemeval.runtime.launch import quiet_worker
+from jemeval.training.checkpointing import EpochStats, RunPosition
 from jemeval.training.loggers import Loggers, open_loggers
-from jemeval.training.metrics_log import MetricsLog
-from jemeval.training.runstate import EpochStats, Progress
+
+COLUMNS = (
+    "epoch", "step", "train_acc", "val_acc", "loss", "loss_pyx", "loss_px", "loss_pxy", "loss_l2",
+    "energy_data", "energy_sample", "energy_gap", "lr", "sgld_steps", "seconds", "images_per_s", "event",
+)
 
 #: the iteration statistics the loggers get as train/<name> (the step's own values, not epoch means)
 LOGGED_STATS = {"loss": "loss", "pyx": "loss_pyx", "px": "loss_px", "pxy": "loss_pxy", "l2": "loss_l2",
                 "e_data": "energy_data", "e_sample": "energy_sample"}
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    return value
+
+
+class MetricsLog:
+    """The rows of metrics.csv (:data:`COLUMNS`), and the file."""
+
+    def __init__(self, path: str | Path, rows: list[dict] | None = None) -> None:
+        self.path = Path(path)
+        self.rows: list[dict] = [dict(r) for r in (rows or [])]
+
+    def add(self, **row: Any) -> dict:
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise KeyError(f"unknown metrics columns {sorted(unknown)}")
+        full = {c: row.get(c) for c in COLUMNS}
+        self.rows.append(full)
+        return full
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for row in self.rows:
+            writer.writerow([_cell(row.get(c)) for c in COLUMNS])
+        return buf.getvalue()
+
+    def write(self) -> Path:
+        return write_text_atomic(self.path, self.to_csv())
+
+    def state(self) -> list[dict]:
+        """Plain rows for the checkpoint (floats, ints, strings, None)."""
+        return [dict(r) for r in self.rows]
 
 
 def note(text: str) -> None:
@@ -37,11 +90,12 @@ def note(text: str) -> None:
 class Reporter:
     """metrics.csv (``metrics``), the progress bar and the stderr lines of one run."""
 
-    def __init__(self, out: Path, *, main: bool, progress: bool | None, epochs: int, samples: bool,
+    def __init__(self, out: Path, *, main: bool, show_progress: bool | None, epochs: int, samples: bool,
                  log_to: tuple[str, ...] = (), log_every: int = 10, config: dict | None = None) -> None:
         self.metrics = MetricsLog(out / "metrics.csv")
         self.main = main  # rank 0: the one that writes and prints
-        self.progress = progress  # None: tqdm decides (a bar on a terminal); False: no bar, no epoch lines
+        #: TrainConfig.progress: None, tqdm decides (a bar on a terminal); False, no bar and no epoch lines
+        self.show_progress = show_progress
         self.epochs = epochs
         self.samples = samples  # the epoch line shows sample energies only when training samples
         self.log_every = log_every
@@ -56,18 +110,19 @@ class Reporter:
         if self.main:
             self.metrics.write()
 
-    def epoch_row(self, progress: Progress, m: dict[str, float], *, val_acc: float | None, lr: float,
+    def epoch_row(self, position: RunPosition, means: dict[str, float], *, val_acc: float | None, lr: float,
                   sgld_steps: int, seconds: float, rate: float | None) -> dict[str, Any]:
-        """The row of the epoch just completed (``m``: its pooled means, see :class:`.progress.EpochStats`),
-        also sent to the loggers as ``epoch/<column>``."""
+        """The row of the epoch just completed (``means``: its pooled means, see
+        :meth:`.checkpointing.EpochStats.means`), also sent to the loggers as ``epoch/<column>``."""
         row = self.metrics.add(
-            epoch=progress.epoch, step=progress.step, train_acc=m["train_acc"], val_acc=val_acc, loss=m["loss"],
-            loss_pyx=m["pyx"], loss_px=m["px"], loss_pxy=m["pxy"], loss_l2=m["l2"], energy_data=m["e_data"],
-            energy_sample=m["e_sample"], energy_gap=m["e_sample"] - m["e_data"], lr=lr, sgld_steps=sgld_steps,
-            seconds=seconds, images_per_s=rate, event="")
+            epoch=position.epoch, step=position.step, train_acc=means["train_acc"], val_acc=val_acc,
+            loss=means["loss"], loss_pyx=means["pyx"], loss_px=means["px"], loss_pxy=means["pxy"],
+            loss_l2=means["l2"], energy_data=means["e_data"], energy_sample=means["e_sample"],
+            energy_gap=means["e_sample"] - means["e_data"], lr=lr, sgld_steps=sgld_steps, seconds=seconds,
+            images_per_s=rate, event="")
         if self.loggers:
             self.loggers.scalars({f"epoch/{k}": float(v) for k, v in row.items() if k not in ("epoch", "step", "event")
-                                  and isinstance(v, (int, float)) and not isinstance(v, bool)}, progress.step)
+                                  and isinstance(v, (int, float)) and not isinstance(v, bool)}, position.step)
         return row
 
     def event(self, text: str, *, epoch: int, step: int, lr: float | None = None, sgld_steps: int | None = None,
@@ -104,7 +159,7 @@ class Reporter:
 
     def epoch_line(self, row: dict[str, Any]) -> None:
         """``epoch 3/20  loss ...  train ...%  val ...%  E(data) ...  lr ...  1.2 s (900 img/s)``."""
-        if self.progress is False or not self.main:
+        if self.show_progress is False or not self.main:
             return
         val = "-" if row["val_acc"] is None else f"{100 * row['val_acc']:.1f}%"
         energies = f"  E(data) {row['energy_data']:.3g}  E(samples) {row['energy_sample']:.3g}" if self.samples else ""
@@ -112,8 +167,8 @@ class Reporter:
               f"val {val}{energies}  lr {row['lr']:.3g}  {row['seconds']:.1f} s ({row['images_per_s'] or 0:.0f} img/s)",
               file=sys.stderr, flush=True)
 
-    def stopped(self, reason: str | None, progress: Progress, last: Path) -> None:
-        self.note(f"stopped ({reason}) at epoch {progress.epoch + 1}, step {progress.step}; saved {last}; "
+    def stopped(self, reason: str | None, position: RunPosition, last: Path) -> None:
+        self.note(f"stopped ({reason}) at epoch {position.epoch + 1}, step {position.step}; saved {last}; "
                   "continue with --resume")
 
     @staticmethod
@@ -126,21 +181,21 @@ class Reporter:
               file=sys.stderr, flush=True)
 
     # -- the progress bar ----------------------------------------------------------------------
-    def bar(self, progress: Progress, total: int) -> tqdm | LineBar:
+    def bar(self, position: RunPosition, total: int) -> tqdm | LineBar:
         """The bar of the epoch in progress (a context manager; off on ranks other than 0). By the rule
         of :mod:`jemeval.progress`: with ``progress=None`` a stderr that is no terminal (a log) gets the
         epoch's start line instead, and :meth:`epoch_line` ends it, so a long first epoch is not silent."""
-        desc = f"epoch {progress.epoch + 1}/{self.epochs}"
-        if self.main and self.progress is None and not stderr_is_terminal():
-            return LineBar(total, desc, unit="it", initial=progress.batch, end_line=False)
-        disable = True if not self.main else None if self.progress is None else not self.progress
-        return tqdm(total=total, initial=progress.batch, desc=desc, unit="it",
+        desc = f"epoch {position.epoch + 1}/{self.epochs}"
+        if self.main and self.show_progress is None and not stderr_is_terminal():
+            return LineBar(total, desc, unit="it", initial=position.batch, end_line=False)
+        disable = True if not self.main else None if self.show_progress is None else not self.show_progress
+        return tqdm(total=total, initial=position.batch, desc=desc, unit="it",
                     file=sys.stderr, disable=disable, leave=False, dynamic_ncols=True)
 
     @staticmethod
     def show_stats(bar: tqdm, stats: EpochStats) -> None:
         """The epoch's running means on the bar (a host sync, so only when the bar is shown)."""
         if not bar.disable:
-            m = stats.means()
-            bar.set_postfix(loss=f"{m['loss']:.3g}", acc=f"{m['train_acc']:.3f}", E_data=f"{m['e_data']:.3g}",
-                            E_q=f"{m['e_sample']:.3g}", refresh=False)
+            means = stats.means()
+            bar.set_postfix(loss=f"{means['loss']:.3g}", acc=f"{means['train_acc']:.3f}",
+                            E_data=f"{means['e_data']:.3g}", E_q=f"{means['e_sample']:.3g}", refresh=False)

@@ -8,8 +8,10 @@
   (not its parents), take the lock, refuse to start over an existing run unless ``resume`` or
   ``overwrite``, remove the old run's files for ``overwrite``, and remove the temporary files that
   a kill during an atomic write left behind.
-* :func:`check_run_folder`: the same checks without touching anything, for a launcher
-  (``jemeval train --nproc N``, :mod:`.launch`) to fail before it starts any process.
+* :func:`check_run_folder`: the same checks without touching anything, for a launcher to fail
+  before it starts any process; :func:`check_launch` adds the rest of the one-line errors a
+  ``jemeval train --nproc N`` worker would hit (the global batch, each process's share of the
+  buffer, a resume's number of processes). The launch itself is :func:`jemeval.runtime.launch.relaunch`.
 """
 from __future__ import annotations
 
@@ -27,7 +29,11 @@ from typing import Any
 
 from jemeval.atomic import stale_temp_files, write_failure
 from jemeval.errors import UsageError
-from jemeval.training.config import resume_path
+from jemeval.runtime.devices import resolve_device
+from jemeval.runtime.distributed import DistContext
+from jemeval.runtime.launch import check_nproc
+from jemeval.training import ddp
+from jemeval.training.checkpointing import load_resume_checkpoint, resume_path, saved_world_size
 from jemeval.training.reporting import note
 from jemeval.training.visuals import GRID_NAMES
 
@@ -49,6 +55,21 @@ def check_run_folder(config: Any) -> None:
         if holder is not None and _alive(holder):
             raise UsageError(_busy(out, holder), param="out")
         _check_existing(out, config)
+
+
+def check_launch(config: Any, nproc: int) -> None:
+    """Before ``train --nproc N`` starts any process: the one-line errors its workers would hit (the
+    processes against the devices, the run folder, the global batch, the buffer share, a resume's
+    number of processes)."""
+    check_nproc(nproc, resolve_device(config.device, name="device"))
+    check_run_folder(config)
+    ddp.check_global_batch(config.batch_size, nproc)
+    planned = DistContext(world_size=nproc)
+    if config.samples and not config.short_run:
+        ddp.buffer_share(config.buffer_size, planned)
+    if config.resume:
+        saved = saved_world_size(load_resume_checkpoint(config.out_dir))
+        ddp.check_world(saved, planned, Path(config.out_dir) / "last.pt")
 
 
 def _check_location(out: Path, config: Any) -> None:

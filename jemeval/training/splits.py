@@ -1,4 +1,5 @@
-"""The training data: a fixed validation split and the labelled subset for semi-supervised runs.
+"""The training data: a fixed validation split, the labelled subset for semi-supervised runs, and
+which images each iteration trains on.
 
 A dataset with a ``val`` split of its own (an image folder with ``val/``, an npz with ``x_val``)
 validates on it and trains on all of its ``train`` split; any other set has ``val_size`` of its
@@ -10,10 +11,18 @@ seeds are compared on the same validation images and the same labelled examples,
 release (its validation split of 5,000 images also used a fixed seed). The whole training set is
 held as one tensor on the training device (when it fits), so batches are index slices: no
 DataLoader, no host-device copies per iteration.
+
+An epoch is ``n // batch_size`` iterations over a (seed, epoch) permutation of the training set, the
+same on every rank and dealt out (:func:`jemeval.runtime.distributed.shard_indices`), so the ranks'
+b-th batches together are the single-process run's b-th batch (:func:`epoch_order`, :func:`batch`).
+In a semi-supervised run the p(x) term takes that batch and the cross-entropy cycles through seeded
+permutations of the labelled images instead (:func:`next_labelled`). The positions live in the
+:class:`~.checkpointing.RunPosition`, so a resume continues mid-epoch with the same images.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +37,11 @@ from jemeval.data import (
     to_arrays,
 )
 from jemeval.errors import UsageError
+from jemeval.runtime import distributed as D
+from jemeval.runtime.distributed import DistContext
+
+if TYPE_CHECKING:
+    from jemeval.training.checkpointing import RunPosition
 
 #: Training sets larger than this stay in host memory and are copied per batch.
 MAX_DEVICE_BYTES = 4 * 1024**3
@@ -102,3 +116,39 @@ def prepare_data(config, device: torch.device) -> TrainingData:
         x_val=x_val.to(data_device), y_val=y_val.to(data_device),
         num_classes=num_classes, input_shape=tuple(input_shape_of(ds)), info=info,
     )
+
+
+# -- which images each iteration trains on ----------------------------------------------------------
+def epoch_order(position: RunPosition, n: int, ctx: DistContext, seed: int, device: torch.device) -> torch.Tensor:
+    """This rank's order of the epoch in progress (drawn once per epoch, kept for a resume)."""
+    if position.perm is None:
+        position.perm = D.shard_indices(n, ctx.rank, ctx.world_size, seed, position.epoch).to(device)
+    return position.perm
+
+
+def next_labelled(position: RunPosition, labelled: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """The next ``n`` labelled indices, cycling through seeded permutations of the labelled set."""
+    chunks, need = [], n
+    total = len(labelled)
+    while need > 0:
+        if position.lab_perm is None or position.lab_pos >= total:
+            position.lab_perm = torch.randperm(total, generator=generator, device=generator.device)
+            position.lab_pos = 0
+        take = min(need, total - position.lab_pos)
+        chunks.append(position.lab_perm[position.lab_pos:position.lab_pos + take])
+        position.lab_pos += take
+        need -= take
+    return labelled[torch.cat(chunks).to(labelled.device)]
+
+
+def batch(data: TrainingData, position: RunPosition, b: int, size: int, generator: torch.Generator,
+          device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(labelled images, their labels, the p(x) images or None when they are the labelled ones)
+    of iteration ``b`` of the epoch, on ``device``."""
+    idx = position.perm[b * size:(b + 1) * size].to(data.x.device)
+    if data.labelled is None:
+        x_lab, y_lab, x_data = data.x[idx], data.y[idx], None
+    else:
+        lab = next_labelled(position, data.labelled, size, generator)
+        x_lab, y_lab, x_data = data.x[lab], data.y[lab], data.x[idx].to(device, non_blocking=True)
+    return x_lab.to(device, non_blocking=True), y_lab.to(device, non_blocking=True), x_data

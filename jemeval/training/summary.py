@@ -3,7 +3,7 @@
 One record (status, the paths of best.pt, last.pt and metrics.csv, best/final/test accuracies,
 recoveries, timings), the provenance, and the full configuration in ``extra["config"]``. The test
 accuracy is best.pt's on the dataset's test split, its weights loaded through
-:func:`jemeval.formats.native.load_state` (non-finite weights are refused).
+:func:`.checkpointing.load_weights` (non-finite weights are refused).
 """
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ from typing import Any
 from jemeval.data import load_dataset, no_test_split_note, to_arrays
 from jemeval.errors import JemevalError
 from jemeval.evaluation.accuracy import accuracy_on_arrays
-from jemeval.formats.native import load_state, read_checkpoint
 from jemeval.results import Result
-from jemeval.training.checkpointing import config_record, run_provenance
-from jemeval.training.metrics_log import MetricsLog
+from jemeval.training.checkpointing import RunPosition, config_record, load_weights, run_provenance
 from jemeval.training.parts import Parts
-from jemeval.training.runstate import Progress
+from jemeval.training.reporting import MetricsLog
 
 
 class TrainResult(Result):
@@ -57,41 +55,41 @@ def _deprecated(what: str) -> None:
                   "in the next release: use result.records[0] (or result.summary)", DeprecationWarning, stacklevel=3)
 
 
-def summarize(parts: Parts, progress: Progress, metrics: MetricsLog, status: str) -> TrainResult:
+def summarize(parts: Parts, position: RunPosition, metrics: MetricsLog, status: str) -> TrainResult:
     """The run's result (on every rank; the test accuracy is computed on rank 0 of a completed run)."""
-    cfg, out = parts.config, parts.out
+    config, out = parts.config, parts.out
     epoch_rows = [r for r in metrics.rows if not r.get("event")]
     last = epoch_rows[-1] if epoch_rows else {}
     best = out / "best.pt"
     test_acc, note = None, None
-    if status == "completed" and cfg.test_eval and parts.ctx.is_main and best.exists():
+    if status == "completed" and config.test_eval and parts.ctx.is_main and best.exists():
         test_acc, note = best_test_accuracy(parts, best)
     rates = [r["images_per_s"] for r in epoch_rows if r.get("images_per_s")]
     record = {
-        "status": status, "dataset": cfg.dataset, "arch": cfg.arch, "out": str(out),
+        "status": status, "dataset": config.dataset, "arch": config.arch, "out": str(out),
         "best": str(best) if best.exists() else None, "last": str(out / "last.pt"), "metrics": str(metrics.path),
-        "epochs": progress.epoch, "steps": progress.step,
-        "best_epoch": progress.best_epoch, "best_val_acc": progress.best_val_acc,
+        "epochs": position.epoch, "steps": position.step,
+        "best_epoch": position.best_epoch, "best_val_acc": position.best_val_acc,
         "final_train_acc": last.get("train_acc"), "final_val_acc": last.get("val_acc"),
         "test_acc": test_acc, "test_note": note,
-        "recoveries": progress.recoveries, "world_size": parts.ctx.world_size, "seconds": progress.elapsed,
+        "recoveries": position.recoveries, "world_size": parts.ctx.world_size, "seconds": position.elapsed,
         "images_per_s": sum(rates) / len(rates) if rates else None,
     }
-    return TrainResult([record], provenance=run_provenance(parts, progress, best_val_acc=progress.best_val_acc),
-                       extra={"config": config_record(parts, progress)})
+    return TrainResult([record], provenance=run_provenance(parts, position, best_val_acc=position.best_val_acc),
+                       extra={"config": config_record(parts, position)})
 
 
 def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | None]:
     """Accuracy of best.pt on the test split (eval_sigma noise; logits once, no gradients), and a
     note when that number needs one: no test split at all, or a dataset without a test split of its
     own (a single-split folder or npz, whose "test" images are the ones it trained on)."""
-    cfg = parts.config
+    config = parts.config
     try:
-        test = load_dataset(cfg.dataset, "test", root=cfg.data_root, download=cfg.download)
+        test = load_dataset(config.dataset, "test", root=config.data_root, download=config.download)
     except JemevalError as exc:
         return None, f"no test accuracy: {exc}"
     x, y = to_arrays(test)
-    load_state(parts.model, read_checkpoint(best)["state_dict"], str(best))
-    note = no_test_split_note(cfg.dataset, test)  # the rule eval, calibrate and ood apply too
-    return accuracy_on_arrays(parts.model, x, y, batch_size=cfg.eval_batch_size, sigma=cfg.eval_sigma,
-                              seed=cfg.seed), note
+    load_weights(parts.model, best)
+    note = no_test_split_note(config.dataset, test)  # the rule eval, calibrate and ood apply too
+    return accuracy_on_arrays(parts.model, x, y, batch_size=config.eval_batch_size, sigma=config.eval_sigma,
+                              seed=config.seed), note

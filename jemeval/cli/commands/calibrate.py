@@ -3,17 +3,8 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import (
-    batch_size_option,
-    data_options,
-    device_option,
-    model_option,
-    resolve_device,
-    seed_option,
-    sigma_option,
-    split_list,
-)
-from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.options import model_option, run_options, sigma_option, split_list
+from jemeval.cli.output import emit, output_options, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 SUMMARY_COLUMNS = ["calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n"]
@@ -41,16 +32,13 @@ def bins_rows(result) -> list[dict]:
                    "the calibrated numbers.")
 @click.option("--val-size", type=int, default=5000, show_default=True,
               help="Validation images for --temperature-scaling (capped at 20% of the train split).")
-@batch_size_option()
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
                     help="Write a reliability diagram (empty bins marked, ECE printed) to FILE.png.")
 @click.option("--no-bins", "hide_bins", is_flag=True, help="Do not print the per-bin table.")
-@seed_option(0)
-@device_option
-@data_options
 @output_options
-def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scaling, val_size, batch_size, plot,
-        hide_bins, seed, device, data_root, download, **output):
+@run_options()
+def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scaling, val_size, plot, hide_bins, context,
+        **output):
     """Calibration of a model's confidences (max softmax) on a labelled dataset.
 
     ECE = sum_b n_b/N |acc_b - conf_b| over equal-width bins (lo, hi] (confidence 0 in the first
@@ -67,10 +55,8 @@ def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scal
     from jemeval.results import markdown_table, text_table
 
     result = calibrate(
-        model_path, data, split=split, bins=bins, n=n, input_sigma=input_sigma, seed=seed,
-        temperature_scaling=temperature_scaling, val_size=val_size, batch_size=batch_size,
-        device=resolve_device(device), data_root=data_root, download=download, progress=progress(),
-        metrics=split_list(metrics, "--metric") if metrics else None,
+        model_path, data, split=split, bins=bins, n=n, input_sigma=input_sigma, temperature_scaling=temperature_scaling,
+        val_size=val_size, metrics=split_list(metrics, "--metric") if metrics else None, context=context,
     )
     write_files(result, (plot, plot_calibration_result))
     emit(result, columns=SUMMARY_COLUMNS + [k for k in result.records[0] if k not in SUMMARY_COLUMNS and k != "bins"],

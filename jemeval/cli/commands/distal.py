@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import chain_sigma_option, device_option, model_option, parse_ints, resolve_device, seed_option
-from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.options import chain_sigma_option, model_option, parse_ints, run_options
+from jemeval.cli.output import emit, output_options, write_files
 from jemeval.cli.paths import Command, output_path_option
 
 COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_confidence", "median_confidence",
@@ -27,10 +27,9 @@ COLUMNS = ["target", "n", "steps", "refine_steps", "start_confidence", "mean_con
 @chain_sigma_option(old_sigma=True)
 @output_path_option("--grid", suffix=".png", metavar="FILE.png", default="distal.png", show_default=True,
                     help="PNG grid of the images, one row per target, captioned with p(target | x).")
-@seed_option(0)
-@device_option
 @output_options
-def cli(model_path, target, n, steps, lr, refine_steps, grad_mode, chains, chain_sigma, grid, seed, device, **output):
+@run_options(batch_size=None, data=False)
+def cli(model_path, target, n, steps, lr, refine_steps, grad_mode, chains, chain_sigma, grid, context, **output):
     """Distal adversarials: optimise noise until the model is confident it shows --target.
 
     A model whose confidence follows the data density should not become confident on nonsense
@@ -44,7 +43,6 @@ def cli(model_path, target, n, steps, lr, refine_steps, grad_mode, chains, chain
     from jemeval.plots.grids import save_distal_grid
 
     result = distal(model_path, parse_ints(target, "--target"), n=n, steps=steps, lr=lr, refine_steps=refine_steps,
-                    grad_mode=grad_mode, chains=chains, chain_sigma=chain_sigma, seed=seed,
-                    device=resolve_device(device), progress=progress())
+                    grad_mode=grad_mode, chains=chains, chain_sigma=chain_sigma, context=context)
     write_files(result, (grid, save_distal_grid))
     emit(result, columns=COLUMNS, **output)

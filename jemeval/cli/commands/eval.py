@@ -3,18 +3,8 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import (
-    batch_size_option,
-    chain_sigma_option,
-    data_options,
-    device_option,
-    model_option,
-    parse_ints,
-    resolve_device,
-    seed_option,
-    sigma_option,
-)
-from jemeval.cli.output import emit, output_options, progress
+from jemeval.cli.options import chain_sigma_option, model_option, parse_ints, run_options, sigma_option
+from jemeval.cli.output import emit, output_options
 from jemeval.cli.paths import Command, dataset_option
 
 
@@ -32,13 +22,10 @@ from jemeval.cli.paths import Command, dataset_option
               help="Refinement SGLD step size. Default: the checkpoint's training setting, else 1.0.")
 @click.option("--sgld-std", "sgld_noise", type=float, default=None,
               help="Refinement SGLD noise std. Default: the checkpoint's training setting, else 0.01.")
-@batch_size_option()
-@seed_option(0)
-@device_option
-@data_options
 @output_options
+@run_options()
 def cli(model_path, data, split, n, input_sigma, refine_steps, chains, chain_sigma, sgld_step_size, sgld_noise,
-        batch_size, seed, device, data_root, download, **output):
+        context, **output):
     """Classification accuracy and NLL (mean -log p(y|x)).
 
     \b
@@ -48,9 +35,8 @@ def cli(model_path, data, split, n, input_sigma, refine_steps, chains, chain_sig
     from jemeval.evaluation.accuracy import evaluate
 
     result = evaluate(
-        model_path, data, split=split, n=n, input_sigma=input_sigma, seed=seed,
+        model_path, data, split=split, n=n, input_sigma=input_sigma,
         refine_steps=parse_ints(refine_steps, "--refine-steps"), chains=chains, chain_sigma=chain_sigma,
-        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download, progress=progress(),
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
     )
     emit(result, **output)

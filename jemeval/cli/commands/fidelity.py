@@ -1,12 +1,11 @@
 """``jemeval fidelity``: IS / FID / KID (torch-fidelity, local Inception weights) and a Frechet
 distance in any checkpoint's feature space, on samples generated now or saved by
-``jemeval sample --save``. The logic lives in :mod:`jemeval.evaluation.fidelity`."""
+``jemeval sample --save``. The logic lives in :mod:`jemeval.evaluation.fidelity.evaluate`."""
 from __future__ import annotations
 
 import click
 
-from jemeval.cli.commands.sample import sample_from_options, sampling_options
-from jemeval.cli.options import device_option, resolve_device, seed_option
+from jemeval.cli.commands.sample import sample_from_options, sample_run_options, sampling_options
 from jemeval.cli.output import emit, output_options
 from jemeval.cli.paths import Command, dataset_option, input_path_option, output_path_option
 
@@ -46,11 +45,9 @@ from jemeval.cli.paths import Command, dataset_option, input_path_option, output
               help="KID subset size (capped at the sample counts).")
 @sampling_options
 @output_options
-@device_option
-@seed_option(0)
+@sample_run_options
 def cli(model_path, samples_path, reference, ref_split, ref_n, features, inception_weights, vgg16_weights, metrics,
-        feature_extractor, ref_cache, kid_subset_size, as_json, csv_path, as_markdown, out_path, device, seed,
-        **sampling):
+        feature_extractor, ref_cache, kid_subset_size, as_json, csv_path, as_markdown, out_path, context, **sampling):
     """Score samples: IS, FID, KID, precision/recall (torch-fidelity) and Frechet distances in a model's features.
 
     \b
@@ -63,32 +60,25 @@ def cli(model_path, samples_path, reference, ref_split, ref_n, features, incepti
           --vgg16-weights vgg16-397923af.pth --ref-cache cifar10-train-features.npz
     """
     from jemeval.errors import UsageError
-    from jemeval.evaluation.fidelity import fidelity
+    from jemeval.evaluation.fidelity.evaluate import choose_metrics, fidelity
 
     if (model_path is None) == (samples_path is None):
         raise UsageError("give exactly one of --model CHECKPOINT (generate samples now) or --samples FILE.npz")
-    dev = resolve_device(device)
     if model_path is not None:
         # fail on a missing weights file or bad metric list before spending time sampling
-        from jemeval.evaluation.extractors import LIBRARY_METRICS, metric_extractors
-        from jemeval.evaluation.fidelity import resolve_metrics
-        from jemeval.evaluation.inception import check_extractor_weights
-
-        chosen, _ = resolve_metrics(metrics, have_features=bool(features), have_weights=bool(inception_weights))
-        files = {"inception-v3-compat": inception_weights, "vgg16": vgg16_weights}
-        for name in metric_extractors([m for m in chosen if m in LIBRARY_METRICS], feature_extractor):
-            check_extractor_weights(files[name], name)
+        chosen, _, _ = choose_metrics(metrics, have_features=bool(features), inception_weights=inception_weights,
+                                      vgg16_weights=vgg16_weights, feature_extractor=feature_extractor)
         if reference is None and any(m != "is" for m in chosen):  # the model's own set, if it names no path
-            from jemeval.evaluation.batching import training_dataset
+            from jemeval.evaluation.inputs import training_dataset
             from jemeval.formats.load import load_model
 
             training_dataset(load_model(model_path), param="reference")
-        samples = sample_from_options(model_path, device, seed, **sampling)
+        samples = sample_from_options(model_path, context, **sampling)
     else:
         samples = samples_path
     result = fidelity(samples, reference, features=list(features) or None, inception_weights=inception_weights,
-                      metrics=metrics, ref_split=ref_split, ref_n=ref_n, data_root=sampling.get("data_root"),
-                      batch_size=sampling["batch_size"], device=dev, seed=seed, kid_subset_size=kid_subset_size,
-                      feature_extractor=feature_extractor, vgg16_weights=vgg16_weights, ref_cache=ref_cache)
+                      metrics=metrics, ref_split=ref_split, ref_n=ref_n, kid_subset_size=kid_subset_size,
+                      feature_extractor=feature_extractor, vgg16_weights=vgg16_weights, ref_cache=ref_cache,
+                      context=context)
     emit(result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path,
          columns=["metric", "value", "std", "features", "n_samples", "n_ref"])

@@ -4,18 +4,8 @@ from __future__ import annotations
 import click
 
 from jemeval.cli.config import config_option
-from jemeval.cli.options import (
-    batch_size_option,
-    data_options,
-    device_option,
-    model_option,
-    nproc_option,
-    resolve_device,
-    seed_option,
-    sigma_option,
-    split_list,
-)
-from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.options import model_option, nproc_option, run_options, sigma_option, split_list
+from jemeval.cli.output import emit, output_options, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 COLUMNS = None  # every record key: the chosen metrics and any CI columns
@@ -43,9 +33,6 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
                      "training held out).")
 @click.option("--fit-n", "fit_n", type=click.IntRange(min=1), default=None,
               help="Fit detectors on a seeded random subset of N training images (default: all).")
-@click.option("--no-cache", "no_cache", is_flag=True,
-              help="Refit detectors instead of reading (or writing) the cache of fitted states "
-                   "($JEMEVAL_CACHE_DIR/detectors, default ~/.cache/jemeval/detectors).")
 @click.option("--metric", "metrics", default=None,
               help="Comma-separated OOD metrics to report, plugin metrics included (see 'jemeval list metrics'). "
                    "Default: the built-ins auroc,aupr_in,aupr_out,fpr95.")
@@ -56,20 +43,18 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
               help="Bootstrap resamples for confidence intervals (adds <metric>_lo/_hi columns); 0 = none.")
 @click.option("--level", type=float, default=0.95, show_default=True,
               help="Confidence level of the bootstrap intervals.")
-@batch_size_option()
 @output_path_option("--save-scores", suffix=".npz", metavar="FILE.npz",
                     help="Write every set's per-example scores to FILE.npz (recompute any metric from them).")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
                     help="Write the figure to FILE.png: per score (one row each), histograms of in- vs "
                          "out-of-distribution scores, ROC curves and precision-recall curves (AUROC, AUPR-In in "
                          "the legends).")
-@seed_option(0)
-@device_option
-@data_options
 @output_options
 @nproc_option
-def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, no_cache, metrics, n, input_sigma, bootstrap, level,
-        batch_size, save_scores, plot, seed, device, data_root, download, **output):
+@run_options(no_cache=True, no_cache_help="Refit detectors instead of reading (or writing) the cache of fitted states "
+                                          "($JEMEVAL_CACHE_DIR/detectors, default ~/.cache/jemeval/detectors).")
+def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, metrics, n, input_sigma, bootstrap, level,
+        save_scores, plot, context, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
     In-distribution is the positive class for AUROC and AUPR-In; AUPR-Out treats OOD as positive
@@ -86,15 +71,13 @@ def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, no_cache, me
           --score logpx,maxprob,energy,knn,vim,odin
     """
     from jemeval.artifacts import save_ood_scores
-    from jemeval.evaluation.ood import evaluate_ood
+    from jemeval.evaluation.ood.evaluate import evaluate_ood
     from jemeval.plots.ood import plot_ood_result
 
     result = evaluate_ood(
         model_path, split_list(ood, "--ood"), id=id, split=split, scores=split_list(scores, "--score"),
-        metrics=split_list(metrics, "--metric") if metrics else None, n=n, input_sigma=input_sigma, seed=seed,
-        bootstrap=bootstrap, level=level, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download, progress=progress(), tune_on=tune_on, fit_on=fit_on, fit_n=fit_n,
-        cache=not no_cache,
+        metrics=split_list(metrics, "--metric") if metrics else None, n=n, input_sigma=input_sigma,
+        bootstrap=bootstrap, level=level, tune_on=tune_on, fit_on=fit_on, fit_n=fit_n, context=context,
     )
     write_files(result, (save_scores, save_ood_scores), (plot, plot_ood_result))
     emit(result, columns=COLUMNS, **output)

@@ -8,19 +8,16 @@ import click
 from jemeval.cli.commands.robust import split_attack_specs
 from jemeval.cli.config import config_option
 from jemeval.cli.options import (
-    data_options,
-    device_option,
     eval_fraction,
     input_path_option,
     noise_option,
     nproc_option,
     parse_epsilons,
     parse_ints,
-    resolve_device,
-    seed_option,
+    run_options,
     split_list,
 )
-from jemeval.cli.output import config_provenance, progress
+from jemeval.cli.output import config_provenance
 from jemeval.cli.paths import Command, dataset_option
 from jemeval.errors import UsageError
 from jemeval.results import text_table
@@ -106,12 +103,10 @@ def with_chain_sigma(options: dict[str, dict], chain_sigma: float | None) -> dic
               help="Any other option of a section's function, e.g. robust.grad_mode=bpda, samples.steps=200, "
                    "ood.bootstrap=200; repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json (records + provenance) on stdout.")
-@seed_option(0)
-@device_option
-@data_options
 @nproc_option
+@run_options(batch_size=None)
 def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain_sigma, refine_steps, ood, scores, norm,
-        epsilons, attacks, options, as_json, seed, device, data_root, download):
+        epsilons, attacks, options, as_json, context):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
 
     Runs jemeval eval, calibrate, ood, robust and sample for every model on the same data, seeds
@@ -129,16 +124,14 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
 
     result = report(
         list(models), names=list(names) or None, out=out, preset=preset, sections=sections, force=force, data=data,
-        n=n, seed=seed, input_sigma=input_sigma,
+        n=n, input_sigma=input_sigma,
         refine_steps=None if refine_steps is None else parse_ints(refine_steps, "--refine-steps"),
         ood=None if ood is None else split_list(ood, "--ood"),
         scores=None if scores is None else split_list(scores, "--score"),
         norm=None if norm is None else split_list(norm, "--norm"),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
-        attacks=None if attacks is None else split_attack_specs(attacks), data_root=data_root,
-        download=download, options=with_chain_sigma(parse_set(options), chain_sigma), device=resolve_device(device),
-        progress=progress(),
-        config=config_provenance(),
+        attacks=None if attacks is None else split_attack_specs(attacks),
+        options=with_chain_sigma(parse_set(options), chain_sigma), config=config_provenance(), context=context,
     )
     if as_json:
         click.echo(result.to_json())

@@ -6,17 +6,14 @@ import click
 from jemeval.cli.config import config_option
 from jemeval.cli.options import (
     chain_sigma_option,
-    data_options,
-    device_option,
     model_option,
     nproc_option,
     parse_epsilons,
     parse_ints,
-    resolve_device,
-    seed_option,
+    run_options,
     split_list,
 )
-from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.output import emit, output_options, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
 
 COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "ci_low", "ci_high",
@@ -79,17 +76,13 @@ def split_attack_specs(value: str) -> list[str]:
               help="SGLD noise std for refinement (default: the checkpoint's, else 0.01).")
 @dataset_option("--data", default=None,
                 help="Dataset whose test split is attacked. Default: the model's training dataset.")
-@click.option("--batch-size", type=int, default=100, show_default=True, help="Inputs per attack call.")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
                     help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png.")
-@seed_option(0)
-@device_option
-@data_options
 @output_options
 @nproc_option
+@run_options(batch_size=100, batch_help="Inputs per attack call.")
 def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps, restarts, grad_mode, draws, chains,
-        chain_sigma, eot_samples, checkpoint, sgld_step_size, sgld_noise, data, batch_size, plot, seed, device,
-        data_root, download, **output):
+        chain_sigma, eot_samples, checkpoint, sgld_step_size, sgld_noise, data, plot, context, **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
     Each input is duplicated into --chains copies with --chain-sigma noise, refined by K SGLD steps up
@@ -111,18 +104,16 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
           --chain-sigma 0.03
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
     """
-    from jemeval.evaluation.robustness import robust
+    from jemeval.evaluation.robust.evaluate import robust
     from jemeval.plots.robustness import plot_robust_result
 
     result = robust(
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
         attacks=split_attack_specs(attacks),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
-        data=data, n=n, seed=seed, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
+        data=data, n=n, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
         draws=draws, aa_version=aa_version, chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples,
-        checkpoint=checkpoint,
-        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, batch_size=batch_size, device=resolve_device(device),
-        data_root=data_root, download=download, progress=progress(),
+        checkpoint=checkpoint, sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
     )
     write_files(result, (plot, plot_robust_result))
     emit(result, columns=COLUMNS, **output)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import device_option, model_option, nproc_option, resolve_device, seed_option
-from jemeval.cli.output import emit, output_options, progress, write_files
+from jemeval.cli.options import model_option, nproc_option, run_options
+from jemeval.cli.output import emit, output_options, write_files
 from jemeval.cli.paths import Command, dataset_option, output_path_option
+
+#: the run options of ``jemeval sample`` and ``jemeval fidelity`` (--seed, --device, --batch-size, --data-root)
+sample_run_options = run_options(batch_size=256, batch_help="Chains run at once.", download=False)
 
 
 def sampling_options(fn):
     """The generation options shared by ``jemeval sample`` and ``jemeval fidelity`` (each named as the
-    parameter of :func:`jemeval.evaluation.generation.sample` it fills)."""
+    parameter of :func:`jemeval.evaluation.generation.sample` it fills; the run's seed, device, batch
+    size and data root are :data:`sample_run_options`)."""
     options = [
         click.option("--class", "classes", default=None, metavar="C|all",
                      help="Class-conditional chains (ascend log p~(x, y)) for class C, a list 0,3 or all; "
@@ -22,7 +26,6 @@ def sampling_options(fn):
         click.option("--init", type=click.Choice(["noise", "buffer", "data"]), default="noise", show_default=True,
                      help="Chain starts: fresh U(-1, 1) noise, the checkpoint's replay buffer, or training images."),
         dataset_option("--data", default=None, help="Dataset for --init data [default: the model's dataset]."),
-        click.option("--data-root", type=click.Path(file_okay=False), default=None, help="Folder holding datasets."),
         click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
                      help="SGLD step size [default: the checkpoint's training value, else JEM's 1.0]."),
         click.option("--sgld-std", "sgld_noise", type=float, default=None,
@@ -32,19 +35,19 @@ def sampling_options(fn):
         click.option("--top-confident", type=float, default=None, metavar="P",
                      help="Keep the P% most confident samples of each predicted class (JEM's published IS/FID "
                           "use 10)."),
-        click.option("--batch-size", type=int, default=256, show_default=True, help="Chains run at once."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def sample_from_options(model_path: str, device: str, seed: int, **opts):
-    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options (progress on stderr:
-    a bar on a terminal, stage lines in a pipe, never a bar drawn into a pipe)."""
+def sample_from_options(model_path: str, context, **opts):
+    """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options in the command's
+    run context (progress on stderr: a bar on a terminal, stage lines in a pipe, never a bar drawn into
+    a pipe)."""
     from jemeval.evaluation.generation import sample
 
-    return sample(model_path, device=resolve_device(device), seed=seed, progress=progress(), **opts)
+    return sample(model_path, context=context, **opts)
 
 
 def describe_samples(result) -> str:
@@ -65,10 +68,9 @@ def describe_samples(result) -> str:
 @output_path_option("--save", "npz_path", suffix=".npz", metavar="FILE.npz",
                     help="Also write the samples as .npz (x, y, log_p, log_px, predicted, confidence, provenance).")
 @output_options(result_flag="--result")
-@device_option
-@seed_option(0)
 @nproc_option
-def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown, out_path, device, seed, **opts):
+@sample_run_options
+def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown, out_path, context, **opts):
     """Draw samples from a JEM by SGLD: per class with --class, from noise, buffer or data.
 
     \b
@@ -77,9 +79,11 @@ def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown
       jemeval sample --model runs/digits/best.pt --init buffer --top-confident 10 --save samples.npz
       jemeval sample --model runs/digits/best.pt --class all --n 1000 --nproc 2 --save samples.npz
     """
-    result = sample_from_options(model_path, device, seed, **opts)
+    from jemeval.plots.grids import save_samples_grid
+
+    result = sample_from_options(model_path, context, **opts)
     samples = result.extra["samples"]
-    write_files(result, (grid_path, lambda _, path: samples.save_grid(path, per_row=per_row)),
+    write_files(result, (grid_path, lambda _, path: save_samples_grid(samples, path, per_row=per_row)),
                 (npz_path, lambda _, path: samples.save_npz(path)))
     emit(result, as_json=as_json, csv_path=csv_path, as_markdown=as_markdown, out_path=out_path,
          title=describe_samples(result))

@@ -12,7 +12,7 @@ process at a time trains in a DIR (a lock file, see jemeval.training.rundir).
 
 Several processes (DistributedDataParallel): ``torchrun --nproc-per-node N -m jemeval train ...``,
 or ``jemeval train --nproc N ...``, which re-launches itself through ``torch.distributed.run`` with N
-processes on this machine (:mod:`jemeval.runtime.launch`, checks in :mod:`jemeval.training.launch`;
+processes on this machine (:mod:`jemeval.runtime.launch`, checks in :func:`jemeval.training.rundir.check_launch`;
 ``--batch-size`` stays the global batch).
 
 The training code names its parameters in errors (``lr must be > 0``, ``resume=True``,
@@ -143,7 +143,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
     from jemeval.runtime.launch import launched_by_torchrun, relaunch
     from jemeval.training import train
     from jemeval.training.config import resolve_config, resume_from
-    from jemeval.training.launch import check_launch
+    from jemeval.training.rundir import check_launch
 
     if dataset is None and not print_config:
         raise click.UsageError("Missing argument 'DATASET': give it (jemeval train digits) or set 'dataset' in the "

@@ -6,9 +6,10 @@ jemeval finds this module through the entry point in pyproject.toml::
     example = "jemeval_example.plugin"
 
 Each ``register_<kind>s`` hook receives ``register(name, obj, *, help=None)``; objects are factories
-or callables that jemeval calls only when the component is used (a detector is a class with ``fit``
-and ``score``: jemeval makes one instance per use). ``register_commands`` receives the
-click group of the ``jemeval`` command line.
+or callables that jemeval calls only when the component is used. A detector subclasses
+``jemeval.Detector`` and an attack ``jemeval.Attack`` (the class is registered: jemeval makes one
+instance per use); their capabilities are class attributes with defaults. ``register_commands``
+receives the click group of the ``jemeval`` command line.
 
 jemeval imports this module to list its commands (``jemeval --help``), so it imports only light
 modules at the top; torch and numpy are imported inside the functions that use them.
@@ -57,32 +58,28 @@ def example_l2(model, x):
         return -model.logits(x).norm(dim=1)
 
 
-# -- a detector: a score with a fit stage; fit(model, dataset) once, then score(model, x) ---------
-class ExampleCentroid:
-    """Cosine similarity of the penultimate features to their mean over the training images."""
+# -- a detector: a score with a fit stage; fit once, then score(model, x) ------------------------
+class ExampleCentroid(jemeval.Detector):
+    """Cosine similarity of the penultimate features to their mean over the training images.
+
+    Written on the features jemeval computes once per batch for every detector (``fit_features`` and
+    ``score_features``, so ``uses_features`` is True); ``fit(model, dataset)`` and ``score(model, x)``
+    come from jemeval.Detector. With ``state_dict``/``load_state_dict`` (``cacheable``) jemeval caches
+    the fitted state on disk, so a second run does not fit again.
+    """
 
     def __init__(self):
         self.center = None
 
-    def fit(self, model, dataset, *, batch_size: int = 256):
-        import torch
-        from torch.utils.data import DataLoader
-
-        features = []
-        with torch.no_grad():
-            for x, _ in DataLoader(dataset, batch_size=int(batch_size)):
-                features.append(model.features(x.to(model.device)))
-        self.center = torch.cat(features).mean(dim=0)
+    def fit_features(self, model, features, logits, labels):
+        self.center = features.mean(dim=0)
         return self
 
-    def score(self, model, x):
+    def score_features(self, features, logits):
         import torch
 
-        with torch.no_grad():
-            features = model.features(x)
         return torch.nn.functional.cosine_similarity(features, self.center.to(features.device)[None], dim=1)
 
-    # optional: jemeval caches the fitted state on disk, so a second run does not fit again
     def state_dict(self):
         return {"center": self.center}
 
@@ -103,27 +100,35 @@ def example_detection_error(id_scores, ood_scores) -> float:
     return float((0.5 * (fnr + fpr)).min())
 
 
-# -- an attack: factory(norm, **options) -> attack(model, x, y, epsilons) -> Tensor[E, N, ...] --
-def example_noise(norm, *, seed: int = 0):
+# -- an attack: the class is the factory, ExampleNoise(norm, **options)(model, x, y, epsilons) -----
+class ExampleNoise(jemeval.Attack):
     """Random noise at the full epsilon: a sanity baseline any real attack must beat."""
-    import torch
 
-    def attack(model, x, y, epsilons):
-        g = torch.Generator(device=x.device).manual_seed(int(seed))
+    name = "example-noise"
+    norms = ("l2", "linf")      # capabilities are declared; the others keep their defaults
+
+    def __init__(self, norm, *, seed: int = 0):
+        super().__init__(norm)  # refuses a norm not in `norms`, in one line
+        self.seed = int(seed)
+
+    @property
+    def settings(self):         # recorded in the results, shown by repr()
+        return {**super().settings, "seed": self.seed}
+
+    def forward(self, model, x, y, epsilons, eot_samples=None):  # the model is in eval mode here
+        import torch
+
+        g = torch.Generator(device=x.device).manual_seed(self.seed)
         out = []
         for eps in epsilons:
             eps_model = jemeval.pixel_to_model_scale(eps)   # pixel units -> [-1, 1] space
-            if norm == "linf":
+            if self.norm == "linf":
                 delta = eps_model * torch.sign(torch.randn(x.shape, generator=g, device=x.device))
             else:
                 d = torch.randn(x.shape, generator=g, device=x.device)
                 delta = eps_model * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *[1] * (x.dim() - 1))
             out.append((x + delta).clamp(-1, 1))
         return torch.stack(out)
-
-    attack.norms = ("l2", "linf")
-    attack.settings = {"seed": int(seed)}
-    return attack
 
 
 # -- a command: `jemeval example-count DATASET` -------------------------------------------------
@@ -163,7 +168,7 @@ def register_metrics(register):
 
 @jemeval.hookimpl
 def register_attacks(register):
-    register("example-noise", example_noise)
+    register("example-noise", ExampleNoise)
 
 
 @jemeval.hookimpl

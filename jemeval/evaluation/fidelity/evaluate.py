@@ -3,8 +3,8 @@
 Two families of numbers, because the published ones cannot be reproduced everywhere:
 
 * **Inception Score, FID, KID and precision/recall** through torch-fidelity with local, verified
-  weights (InceptionV3; VGG16 for precision/recall; :mod:`jemeval.evaluation.inception`), reference
-  features optionally cached (:mod:`jemeval.evaluation.extractors`); on 8 x 8 digits these numbers
+  weights (InceptionV3; VGG16 for precision/recall; :mod:`jemeval.evaluation.fidelity.inception`), reference
+  features optionally cached (:mod:`jemeval.evaluation.fidelity.extractors`); on 8 x 8 digits these numbers
   say little (a note says so).
 * **A Frechet distance in the feature space of any jemeval checkpoint** (``features``):
   the input of the network's final Linear layer (its penultimate features). It works offline and
@@ -29,12 +29,12 @@ from torch.utils.data import Dataset
 
 from jemeval.artifacts import Samples, load_samples
 from jemeval.caches.reference_features import ReferenceCache
+from jemeval.context import CachePolicy, RunContext, takes_context
 from jemeval.data import load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
-from jemeval.evaluation.batching import prepare_model, recorded_dataset
-from jemeval.evaluation.extractors import LIBRARY_METRICS, library_metrics, metric_extractors, open_ref_cache
-from jemeval.evaluation.inception import (
+from jemeval.evaluation.fidelity.extractors import LIBRARY_METRICS, library_metrics, metric_extractors, open_ref_cache
+from jemeval.evaluation.fidelity.inception import (
     EXTRACTORS,
     INCEPTION_FILE,
     INCEPTION_METRICS,
@@ -44,8 +44,10 @@ from jemeval.evaluation.inception import (
     inception_notes,
     require_torch_fidelity,
     to_uint8_rgb,
+    weights_kept,
 )
-from jemeval.evaluation.ood_fit import model_fingerprint
+from jemeval.evaluation.inputs import prepare_model, recorded_dataset
+from jemeval.evaluation.ood.fit import model_fingerprint
 from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.runtime.devices import resolve_device
@@ -54,6 +56,7 @@ __all__ = ["INCEPTION_FILE", "INCEPTION_METRICS", "METRICS", "WEIGHTS_ENV", "che
            "frechet_distance", "require_torch_fidelity", "to_uint8_rgb"]
 
 METRICS = (*LIBRARY_METRICS, "fd")
+DEFAULT_BATCH_SIZE = 256
 
 
 # -- Frechet distance --------------------------------------------------------------------------
@@ -175,11 +178,13 @@ def resolve_metrics(metrics: str | Sequence[str] | None, *, have_features: bool,
     return list(dict.fromkeys(chosen)), notes
 
 
-def reference_images(spec: str | torch.Tensor | Dataset, split: str, n: int | None, seed: int,
-                     data_root: str | None) -> tuple[torch.Tensor, dict[str, Any]]:
+def reference_images(spec: str | torch.Tensor | Dataset, split: str, n: int | None,
+                     context: RunContext) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The reference images (a seeded ``n`` of them) and what they are, for the provenance."""
     if torch.is_tensor(spec):
         return spec, {"dataset": "<tensor>", "n": len(spec)}
-    ds = spec if isinstance(spec, Dataset) else load_dataset(spec, split=split, root=data_root)
+    seed = context.seed
+    ds = spec if isinstance(spec, Dataset) else load_dataset(spec, split=split, root=context.data_root)
     x, _ = to_arrays(subsample(ds, n, seed, name="ref_n"))
     return x, {"dataset": getattr(ds, "spec", str(spec)), "split": split, "n": len(x), "subsample_seed": seed}
 
@@ -200,6 +205,49 @@ def samples_and_origin(samples: Any) -> tuple[torch.Tensor, dict[str, Any]]:
                "dataset": (prov.get("model") or {}).get("dataset")}
 
 
+def choose_metrics(metrics: str | Sequence[str] | None, *, have_features: bool, inception_weights, vgg16_weights,
+                   feature_extractor: str | None) -> tuple[list[str], dict[str, dict[str, Any]], list[str]]:
+    """(the metrics, the verified weights of every network they need, notes): refused in one line
+    before any image is read (a misspelt metric, a missing or wrong weights file)."""
+    paths = {"inception-v3-compat": inception_weights or os.environ.get(WEIGHTS_ENV) or None,
+             "vgg16": vgg16_weights or os.environ.get(EXTRACTORS["vgg16"].env) or None}
+    chosen, notes = resolve_metrics(metrics, have_features=have_features,
+                                    have_weights=bool(paths["inception-v3-compat"]))
+    library = [m for m in chosen if m in LIBRARY_METRICS]
+    weights = {name: check_extractor_weights(paths[name], name)
+               for name in metric_extractors(library, feature_extractor)}
+    if weights:
+        require_torch_fidelity()
+    return chosen, weights, notes
+
+
+def reference_for(reference: Any, origin: dict[str, Any], chosen: list[str], x: torch.Tensor, split: str,
+                  n: int | None, context: RunContext) -> tuple[torch.Tensor | None, dict[str, Any] | None]:
+    """The reference images the metrics compare with (None when only ``is`` runs): ``reference``, else
+    the dataset the samples' model recorded, if it names no local file."""
+    if reference is None and origin.get("dataset"):
+        reference = recorded_dataset(str(origin["dataset"]), param="reference")
+    if reference is None:
+        raise UsageError("no reference dataset: give reference=DATASET (e.g. digits)", param="reference")
+    if not any(m != "is" for m in chosen):
+        return None, None
+    ref_x, ref_info = reference_images(reference, split, n, context)
+    if tuple(ref_x.shape[1:]) != tuple(x.shape[1:]):
+        raise UsageError(f"reference images are {tuple(ref_x.shape[1:])} but the samples are {tuple(x.shape[1:])}")
+    return ref_x, ref_info
+
+
+def reference_cache(policy: CachePolicy, ref_x: torch.Tensor | None,
+                    ref_info: dict | None) -> tuple[ReferenceCache | None, list[str]]:
+    """The open reference-features file of the policy (Inception's, VGG16's and each fd model's
+    features), used only when the policy reads and writes caches; else None and a note."""
+    if policy.reference_features is None or (policy.read and policy.write):
+        return open_ref_cache(policy.reference_features, ref_x, ref_info), []
+    return None, [f"ref_cache {str(policy.reference_features)!r} left alone: the cache policy neither reads nor "
+                  "writes caches; the reference features were computed"]
+
+
+@takes_context(batch_size=DEFAULT_BATCH_SIZE, cache_keywords=("ref_cache",))
 def fidelity(
     samples: Any,
     reference: str | torch.Tensor | Dataset | None = None,
@@ -209,15 +257,11 @@ def fidelity(
     metrics: str | Sequence[str] | None = None,
     ref_split: str = "train",
     ref_n: int | None = None,
-    data_root: str | None = None,
-    batch_size: int = 256,
-    device: str | torch.device | None = None,
-    seed: int = 0,
     kid_subset_size: int = 1000,
     isc_splits: int = 10,
     feature_extractor: str | None = None,
     vgg16_weights: str | os.PathLike | None = None,
-    ref_cache: str | os.PathLike | None = None,
+    context: RunContext,
 ) -> Result:
     """Score generated samples against a reference dataset; one record per (metric, features).
 
@@ -227,52 +271,53 @@ def fidelity(
     checkpoint path(s) or EnergyModel(s) for the Frechet distance ``fd``. ``inception_weights``
     defaults to ``$JEMEVAL_INCEPTION_WEIGHTS``, ``vgg16_weights`` (precision/recall) to
     ``$JEMEVAL_VGG16_WEIGHTS``. ``feature_extractor`` (inception-v3-compat or vgg16) moves FID, KID
-    and precision/recall onto one network; ``ref_cache`` (.npz) keeps the reference features for
-    the next run (:mod:`jemeval.evaluation.extractors`). ``device`` defaults to the CPU.
+    and precision/recall onto one network; ``ref_cache`` (.npz, the context's
+    ``cache.reference_features``) keeps the reference features for the next run
+    (:mod:`jemeval.evaluation.fidelity.extractors`). ``device`` (of the run's
+    :class:`~jemeval.context.RunContext`, with ``seed``, ``batch_size`` and ``data_root``) defaults to
+    the CPU; with ``cache.memory`` False the verified network weights are not kept once it returns.
     """
-    device = resolve_device(device or "cpu")
-    paths = {"inception-v3-compat": inception_weights or os.environ.get(WEIGHTS_ENV) or None,
-             "vgg16": vgg16_weights or os.environ.get(EXTRACTORS["vgg16"].env) or None}
+    device, seed, batch_size = resolve_device(context.device or "cpu"), context.seed, context.batch(DEFAULT_BATCH_SIZE)
     feature_models = [] if features is None else (list(features) if isinstance(features, (list, tuple)) else [features])
-    chosen, notes = resolve_metrics(metrics, have_features=bool(feature_models), have_weights=bool(paths[
-        "inception-v3-compat"]))
-    library = [m for m in chosen if m in LIBRARY_METRICS]
-    weights = {name: check_extractor_weights(paths[name], name) for name in metric_extractors(library,
-                                                                                              feature_extractor)}
-    if weights:
-        require_torch_fidelity()
-    x, origin = samples_and_origin(samples)
-    if reference is None and origin.get("dataset"):  # the recorded set only if it names no local file
-        reference = recorded_dataset(str(origin["dataset"]), param="reference")
-    if reference is None:
-        raise UsageError("no reference dataset: give reference=DATASET (e.g. digits)", param="reference")
-    ref_x, ref_info = (reference_images(reference, ref_split, ref_n, seed, data_root)
-                       if any(m != "is" for m in chosen) else (None, None))
-    if ref_x is not None and tuple(ref_x.shape[1:]) != tuple(x.shape[1:]):
-        raise UsageError(f"reference images are {tuple(ref_x.shape[1:])} but the samples are {tuple(x.shape[1:])}")
-    records: list[dict[str, Any]] = []
-    settings: dict[str, Any] = {"metrics": chosen, "samples": origin, "n_samples": len(x), "reference": ref_info,
-                                "image_shape": list(x.shape[1:])}
-    cache = open_ref_cache(ref_cache, ref_x, ref_info)  # Inception's, VGG16's and each fd model's features
-    if library:
-        found, lib = library_metrics(x, ref_x, metrics=library, weights=weights, feature_extractor=feature_extractor,
-                                     batch_size=min(batch_size, 64), device=device, seed=seed, isc_splits=isc_splits,
-                                     kid_subset_size=kid_subset_size, ref_info=ref_info, cache=cache)
-        records += [{**r, "n_samples": len(x), "n_ref": None if r["metric"] == "is" else len(ref_x)} for r in found]
-        settings.update(library_settings(lib, x))
-        notes += [n for w in weights.values() for n in inception_notes(x, w)]
-    if "fd" in chosen:
-        settings["features"] = []
-        for fm in feature_models:
-            record, info, note = feature_record(prepare_model(fm, device), x, ref_x, origin, batch_size, cache)
-            records.append(record)
-            settings["features"].append(info)
-            notes += [note] if note else []
+    with weights_kept(context.cache.memory):  # False: no verified weights stay in this process
+        chosen, weights, notes = choose_metrics(metrics, have_features=bool(feature_models),
+                                                inception_weights=inception_weights, vgg16_weights=vgg16_weights,
+                                                feature_extractor=feature_extractor)
+        x, origin = samples_and_origin(samples)
+        ref_x, ref_info = reference_for(reference, origin, chosen, x, ref_split, ref_n, context)
+        settings: dict[str, Any] = {"metrics": chosen, "samples": origin, "n_samples": len(x), "reference": ref_info,
+                                    "image_shape": list(x.shape[1:])}
+        cache, cache_notes = reference_cache(context.cache, ref_x, ref_info)
+        records: list[dict[str, Any]] = []
+        library = [m for m in chosen if m in LIBRARY_METRICS]
+        if library:
+            found, lib = library_metrics(x, ref_x, metrics=library, weights=weights,
+                                         feature_extractor=feature_extractor, batch_size=min(batch_size, 64),
+                                         device=device, seed=seed, isc_splits=isc_splits,
+                                         kid_subset_size=kid_subset_size, ref_info=ref_info, cache=cache)
+            records += [{**r, "n_samples": len(x), "n_ref": None if r["metric"] == "is" else len(ref_x)} for r in found]
+            settings.update(library_settings(lib, x))
+            notes += [n for w in weights.values() for n in inception_notes(x, w)]
+        if "fd" in chosen:
+            fd, settings["features"], fd_notes = fd_records(feature_models, x, ref_x, origin, batch_size, device, cache)
+            records, notes = records + fd, notes + fd_notes
     if cache is not None:
         settings["ref_cache"] = cache.describe()
-        notes += cache.notes
+    notes += cache_notes + (cache.notes if cache is not None else [])
     return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings),
                   extra={"settings": settings}, notes=notes)
+
+
+def fd_records(feature_models: list, x: torch.Tensor, ref_x: torch.Tensor, origin: dict[str, Any], batch_size: int,
+               device: torch.device, cache: ReferenceCache | None) -> tuple[list[dict], list[dict], list[str]]:
+    """(records, settings, notes) of the Frechet distance in each feature model's space."""
+    records, infos, notes = [], [], []
+    for fm in feature_models:
+        record, info, note = feature_record(prepare_model(fm, device), x, ref_x, origin, batch_size, cache)
+        records.append(record)
+        infos.append(info)
+        notes += [note] if note else []
+    return records, infos, notes
 
 
 def library_settings(lib: dict[str, Any], x: torch.Tensor) -> dict[str, Any]:

@@ -12,9 +12,9 @@ per (score, OOD set) with the built-in OOD metrics (plugin metrics when named wi
 
 Scores are "higher = more in-distribution" (README.md, Conventions). Detectors (mahalanobis, knn,
 vim, ...) are fitted first on the model's training images, once per (model, detector, options,
-data), and cached on disk (:mod:`jemeval.evaluation.ood_fit`); ``tune_on`` picks hyperparameters on
-an OOD validation set first (:mod:`jemeval.evaluation.ood_tune`). ``ood`` may name groups (``near``,
-``far``; :mod:`jemeval.evaluation.ood_sets`): their sets are evaluated one by one, records carry a
+data), and cached on disk (:mod:`jemeval.evaluation.ood.fit`); ``tune_on`` picks hyperparameters on
+an OOD validation set first (:mod:`jemeval.evaluation.ood.tune`). ``ood`` may name groups (``near``,
+``far``; :mod:`jemeval.evaluation.ood.sets`): their sets are evaluated one by one, records carry a
 ``group`` key, and each group's mean is a record of its own (``ood`` = the group). The per-example
 scores come back in the result's ``extra["scores"]`` (:class:`~jemeval.artifacts.OODScores`), which
 the caller may save (``save_npz``) so that anyone can recompute the metrics independently, or plot
@@ -23,31 +23,21 @@ the caller may save (``save_npz``) so that anyone can recompute the metrics inde
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from jemeval.artifacts import OODScores
+from jemeval.context import RunContext, takes_context
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import (
-    DEFAULT_BATCH_SIZE,
-    BatchOutputs,
-    ScoreFn,
-    check_input_sigma,
-    prepare_model,
-    resolve_scores,
-    run_batches,
-    training_dataset,
-)
+from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, BatchOutputs, ScoreFn, resolve_scores, run_batches
+from jemeval.evaluation.inputs import check_input_sigma, prepare_model, stamp, training_dataset
 from jemeval.evaluation.metrics import select_metrics
-from jemeval.evaluation.ood_fit import DetectorFitter, fit_sets
-from jemeval.evaluation.ood_sets import load_id_set, load_ood_sets
-from jemeval.evaluation.ood_tune import check_tune_set, tune_scores
+from jemeval.evaluation.ood.fit import DetectorFitter, fit_sets
+from jemeval.evaluation.ood.sets import load_id_set, load_ood_sets
+from jemeval.evaluation.ood.tune import check_tune_set, tune_scores
 from jemeval.progress import ProgressArg, progress_bar
-from jemeval.provenance import provenance
 from jemeval.registry import split_specs
 from jemeval.results import Result
 
@@ -63,6 +53,7 @@ METRIC_NOTE = (
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def compute_ood_scores(
     model,
     ood: str | Sequence[str],
@@ -72,16 +63,10 @@ def compute_ood_scores(
     split: str = "test",
     n: int | None = None,
     input_sigma: float = 0.0,
-    seed: int = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    data_root: str | Path | None = None,
-    download: bool = False,
-    progress: ProgressArg = None,
     fit_on: str | None = None,
     fit_n: int | None = None,
     tune_on: str | None = None,
-    cache: bool = True,
+    context: RunContext,
 ) -> tuple[OODScores, dict[str, Any]]:
     """Fit the detectors, then run the batch loop over the ID set and every OOD set; return the scores
     and the settings.
@@ -90,7 +75,7 @@ def compute_ood_scores(
     take the model's input shape and default to as many examples as the ID set. The input noise
     of set i (0 = ID) comes from a generator seeded with ``seed + i``.
     """
-    model = prepare_model(model, device)
+    model = prepare_model(model, context.device)
     check_input_sigma(input_sigma)
     ood = split_specs(ood, "ood")  # "uniform" is one set, "uniform,interp" two, as on the command line
     if not ood:
@@ -99,19 +84,18 @@ def compute_ood_scores(
     if not score_fns:
         raise UsageError("scores names no score; give e.g. 'logpx,maxprob'", param="scores")
     id_name = id or training_dataset(model, param="id")
-    id_ds, id_info = load_id_set(model, id_name, split=split, n=n, seed=seed, data_root=data_root, download=download,
-                                 fits=tune_on is not None or any(s.detector for s in score_fns), fit_on=fit_on)
-    sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, seed=seed, data_root=data_root,
-                         download=download, num_classes=getattr(id_ds, "num_classes", None))
+    id_ds, id_info = load_id_set(model, id_name, split=split, n=n, fit_on=fit_on, context=context,
+                                 fits=tune_on is not None or any(s.detector for s in score_fns))
+    sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, context=context,
+                         num_classes=getattr(id_ds, "num_classes", None))
     score_fns, fitting = fit_scores(
         model, score_fns, id_name=id_name, test_sets=[label for label, _, _ in sets], fit_on=fit_on, fit_n=fit_n,
-        tune_on=tune_on, cache=cache, split=split, n=n, input_sigma=input_sigma, seed=seed, batch_size=batch_size,
-        data_root=data_root, download=download, progress=progress)
+        tune_on=tune_on, split=split, n=n, input_sigma=input_sigma, context=context)
     per_set: dict[str, dict[str, np.ndarray]] = {}
     settings_per_set: dict[str, Any] = {}
     for i, (label, ds) in enumerate([(id_name, id_ds), *[(label, ds) for label, ds, _ in sets]]):
-        out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=input_sigma, seed=seed + i,
-                          batch_size=batch_size, progress=progress, desc=f"{'OOD' if i else 'ID'} {label}")
+        out = run_batches(model, ds, scores=score_fns, keep_logits=False, sigma=input_sigma, seed=context.seed + i,
+                          context=context, desc=f"{'OOD' if i else 'ID'} {label}")
         per_set[label] = out.scores
         if i == 0:  # scores that assume ReLU features: the model's fraction of feature values < 0
             signs = feature_sign_checks(score_fns, out)
@@ -120,32 +104,30 @@ def compute_ood_scores(
     result = OODScores(id_name, [s.label for s in score_fns], per_set.pop(id_name), per_set)
     settings = {
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
-        "sigma": float(input_sigma), "seed": int(seed), "batch_size": int(batch_size), "sets": settings_per_set,
-        "groups": {label: group for label, _, group in sets if group is not None}, "id_data": id_info, **fitting,
-        **({"feature_signs": signs} if signs else {}),
+        "sigma": float(input_sigma), "seed": int(context.seed), "batch_size": context.batch(DEFAULT_BATCH_SIZE),
+        "sets": settings_per_set, "groups": {label: group for label, _, group in sets if group is not None},
+        "id_data": id_info, **fitting, **({"feature_signs": signs} if signs else {}),
     }
     return result, settings
 
 
 def fit_scores(model, score_fns: list[ScoreFn], *, id_name: str, test_sets: Sequence[str], fit_on: str | None,
-               fit_n: int | None, tune_on: str | None, cache: bool, split: str, n: int | None, input_sigma: float,
-               seed: int, batch_size: int, data_root, download: bool,
-               progress: ProgressArg) -> tuple[list[ScoreFn], dict[str, Any]]:
+               fit_n: int | None, tune_on: str | None, split: str, n: int | None, input_sigma: float,
+               context: RunContext) -> tuple[list[ScoreFn], dict[str, Any]]:
     """Fit the detectors among ``score_fns`` (and first tune the scores with a grid on ``tune_on``):
-    the scores to evaluate and what was done (:mod:`jemeval.evaluation.ood_fit`, ``ood_tune``)."""
+    the scores to evaluate and what was done (:mod:`jemeval.evaluation.ood.fit`, ``ood.tune``)."""
     if tune_on is None and not any(s.detector for s in score_fns):
         return score_fns, {}
     if tune_on is not None:
         check_tune_set(tune_on, id_name, test_sets)  # before any fitting
-    sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, seed=seed,
-                    data_root=data_root, download=download, split=split)
-    fitter = DetectorFitter(model, sets, batch_size=batch_size, progress=progress, cache=cache)
+    sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, split=split,
+                    context=context)
+    fitter = DetectorFitter(model, sets, context=context)
     info: dict[str, Any] = {"fit_data": sets.info}
     if tune_on is not None:
         score_fns, info["tuning"] = tune_scores(
             model, score_fns, fitter, tune_on=tune_on, id_name=id_name, test_sets=test_sets, split=split, n=n,
-            input_sigma=input_sigma, seed=seed, batch_size=batch_size, data_root=data_root, download=download,
-            progress=progress)
+            input_sigma=input_sigma, context=context)
     info["detectors"] = {s.label: {"options": s.options, **fitter.ensure(s)} for s in score_fns if s.detector}
     return score_fns, info
 
@@ -244,6 +226,7 @@ def _mean_record(members: list[dict[str, Any]], group: str) -> dict[str, Any]:
 @deprecated_keywords(renamed={"sigma": "input_sigma"},
                      outputs={"save_scores": "jemeval.artifacts:save_ood_scores",
                               "plot": "jemeval.plots.ood:plot_ood_result"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
 def evaluate_ood(
     model,
     ood: str | Sequence[str],
@@ -253,19 +236,13 @@ def evaluate_ood(
     split: str = "test",
     n: int | None = None,
     input_sigma: float = 0.0,
-    seed: int = 0,
     metrics: str | Sequence[str] | None = None,
     bootstrap: int = 0,
     level: float = 0.95,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str | torch.device | None = None,
-    data_root: str | Path | None = None,
-    download: bool = False,
-    progress: ProgressArg = None,
     fit_on: str | None = None,
     fit_n: int | None = None,
     tune_on: str | None = None,
-    cache: bool = True,
+    context: RunContext,
 ) -> Result:
     """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``
     (a list of dataset specs or group names such as ``near``/``far``, or one string: a spec or a comma
@@ -274,39 +251,40 @@ def evaluate_ood(
     The in-distribution set ``id`` defaults to the model's training dataset (``split`` split);
     ``input_sigma`` is the std of the noise added to every input. Detectors are fitted on the train
     split of ``fit_on`` (default: ``id``) less the images training held out, a seeded ``fit_n`` of
-    them if given, and cached (``cache=False``: neither read nor write the cache); ``tune_on`` names
-    the OOD validation set that picks the hyperparameters of every score with a grid. Returns a
-    :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood (and
-    ``group`` with groups), auroc, aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin metrics
-    too), n_id, n_ood, ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples, plus one mean record
-    per group and score. ``extra["scores"]`` holds the per-example scores
+    them if given, and cached as the context's cache policy says (``cache=False``: neither read nor
+    write the cache); ``tune_on`` names the OOD validation set that picks the hyperparameters of
+    every score with a grid. ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root``,
+    ``download`` and ``cache`` are the run's :class:`~jemeval.context.RunContext` (``context=``).
+    Returns a :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood
+    (and ``group`` with groups), auroc, aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin
+    metrics too), n_id, n_ood, ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples, plus one
+    mean record per group and score. ``extra["scores"]`` holds the per-example scores
     (:class:`~jemeval.artifacts.OODScores`: ``save_npz``; figure: :func:`jemeval.plots.ood.plot_ood_result`).
     """
-    model = prepare_model(model, device)
+    model = prepare_model(model, context.device)
     metrics = None if metrics is None else split_specs(metrics, "metrics")
     resolve_metrics(metrics)  # fail on a misspelt metric before the (long) score computation
     check_bootstrap(bootstrap, level)
-    ood_scores, settings = compute_ood_scores(
-        model, ood, id=id, scores=scores, split=split, n=n, input_sigma=input_sigma, seed=seed,
-        batch_size=batch_size, device=device, data_root=data_root, download=download, progress=progress,
-        fit_on=fit_on, fit_n=fit_n, tune_on=tune_on, cache=cache,
-    )
-    records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=seed,
-                          progress=progress)
+    ood_scores, settings = compute_ood_scores(model, ood, id=id, scores=scores, split=split, n=n,
+                                              input_sigma=input_sigma, fit_on=fit_on, fit_n=fit_n, tune_on=tune_on,
+                                              context=context)
+    records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=context.seed,
+                          progress=context.progress)
     settings.update({"metrics": [k for k in records[0] if k not in ("score", "id", "ood", "n_id", "n_ood")
                                  and not k.endswith(("_lo", "_hi"))],
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
-    prov = provenance(command="ood", model=model, device=model.device, seed=seed, settings=settings)
-    return Result(group_records(records, settings["groups"]), prov, extra={"scores": ood_scores},
+    return Result(group_records(records, settings["groups"]), stamp("ood", model, context, settings),
+                  extra={"scores": ood_scores},
                   notes=[METRIC_NOTE, *settings["id_data"]["notes"], *tuning_notes(settings.get("tuning")),
                          *feature_sign_notes(settings.get("feature_signs"))])
 
 
 # -- scores that assume non-negative (ReLU) features: DICE, ReAct, ASH -----------------------------
 def assumes_nonnegative_features(fn: Any) -> bool:
-    """Whether a score (function or detector) declares ``assumes_nonnegative_features``: it prunes,
-    clips or rescales the penultimate activations as if they were ReLU outputs."""
-    return bool(getattr(fn, "assumes_nonnegative_features", False))
+    """Whether a score (:class:`~jemeval.Score` or :class:`~jemeval.Detector`) declares
+    ``assumes_nonnegative_features``: it prunes, clips or rescales the penultimate activations as if
+    they were ReLU outputs."""
+    return bool(fn.assumes_nonnegative_features)
 
 
 def feature_sign_checks(score_fns: Sequence[ScoreFn], id_outputs: BatchOutputs | None) -> dict[str, dict[str, Any]]:
@@ -317,7 +295,7 @@ def feature_sign_checks(score_fns: Sequence[ScoreFn], id_outputs: BatchOutputs |
     for s in score_fns:
         if not assumes_nonnegative_features(s.fn):
             continue
-        state = getattr(s.fn, "state", None) if s.detector else None
+        state = s.fn.state_dict() if s.detector and s.fn.cacheable else None
         if isinstance(state, dict) and state.get("negative_fraction") is not None:
             checks[s.label] = {"negative_fraction": float(state["negative_fraction"]), "measured_on": "fit features"}
         elif id_outputs is not None and id_outputs.negative_features is not None:

@@ -1,0 +1,176 @@
+"""The detector base: an OOD score with a fit stage, in the shape of pytorch-ood's ``Detector``.
+
+pytorch-ood's ``Detector`` has ``fit(loader)`` / ``fit_features(x, y)`` and ``predict(x)`` /
+``predict_features(x)``, and raises ``RequiresFittingException`` when used unfitted. jemeval's
+detectors get the model as an argument (one registered detector serves every model) and keep
+jemeval's sign: higher = more in-distribution (pytorch-ood's ``predict`` returns outlier scores,
+the opposite sign)::
+
+    detector.fit(model, dataset, **options)                         # ID training images, once
+    detector.fit_features(model, features, logits, labels, **options)
+    detector.score(model, x) -> Tensor[N]                           # alias: predict
+    detector.score_features(features, logits) -> Tensor[N]          # alias: predict_features
+
+A subclass writes either ``fit`` and ``score`` or ``fit_features`` and ``score_features`` (then
+``fit`` and ``score`` come from the base: one forward pass gives the features and logits, and
+jemeval shares that pass between every detector of a run). What jemeval may do with a detector is
+declared as class attributes, read by the evaluation and never probed:
+
+* ``uses_features``: fit and score on the batch's features and logits (derived: True when the class
+  defines ``fit_features`` and ``score_features``, unless it sets it);
+* ``cacheable``: ``state_dict()`` / ``load_state_dict(state)`` hold the fitted state in tensors and
+  plain values, cached on disk (:mod:`jemeval.caches.detectors`) so a second run does not refit
+  (derived: True when the class defines both, unless it sets it);
+* ``needs_labels``: the fit data must be labelled; ``assumes_nonnegative_features``: the score
+  presumes ReLU penultimate features (a note says when the model's are not);
+* ``grid``: option -> candidates, searched by ``tune_on``; ``needs_fit``: scoring before a fit
+  raises :class:`NotFittedError` (set False for a detector whose fit is optional).
+
+The options of ``--score NAME:k=3`` are the keyword parameters of ``fit_features`` (with
+``uses_features``) or of ``fit``. The unfitted check wraps the methods a subclass defines (once, when
+the class is created), so every detector, a plugin's included, fails in one line instead of deep
+inside a matrix product. torch is imported where it is used: a plugin module that subclasses
+:class:`Detector` at its top stays cheap to import (``jemeval --help`` imports every plugin).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from jemeval.errors import JemevalError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+#: the methods after which a detector is fitted, and those that need it fitted
+FITTING = ("fit", "fit_features", "load_state_dict")
+SCORING = ("score", "score_features")
+
+
+class NotFittedError(JemevalError):
+    """A detector was asked for scores before it was fitted (pytorch-ood's ``RequiresFittingException``)."""
+
+
+def extract_outputs(model, dataset, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features, logits, labels) of a whole dataset, on the CPU: what a detector fits on when it is
+    called on its own (jemeval's evaluation computes them once for all detectors instead)."""
+    import torch
+
+    from jemeval.data import iterate_batches
+    from jemeval.sampling.sgld import frozen
+
+    device = getattr(model, "device", torch.device("cpu"))
+    parts: list[tuple[torch.Tensor, ...]] = []
+    with frozen(model, train=False), torch.no_grad():
+        for x, y in iterate_batches(dataset, batch_size, device):
+            features, logits = model.features_and_logits(x.float())
+            parts.append((features.float().cpu(), logits.float().cpu(), y.long().cpu()))
+    if not parts:
+        raise UsageError("the fit dataset has no examples; choose a non-empty dataset")
+    features, logits, labels = (torch.cat(p) for p in zip(*parts))
+    return features, logits, labels
+
+
+def _marks_fitted(method):
+    @functools.wraps(method)
+    def fitting(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        self._fit_done = True
+        return out
+
+    return fitting
+
+
+def _needs_fitted(method):
+    @functools.wraps(method)
+    def scoring(self, *args, **kwargs):
+        if self.needs_fit and not self._fit_done:
+            raise NotFittedError(f"detector {self.label!r} is not fitted: call fit(model, dataset) (or fit_features) "
+                                 "first; jemeval.evaluate_ood fits it on the model's training images")
+        return method(self, *args, **kwargs)
+
+    return scoring
+
+
+class Detector:
+    """Base of OOD detectors (see the module docstring): subclass it and register the class."""
+
+    #: how messages name the detector (default: the class name)
+    name: str | None = None
+    uses_features: bool = False
+    cacheable: bool = False
+    needs_labels: bool = False
+    needs_fit: bool = True
+    assumes_nonnegative_features: bool = False
+    grid: dict[str, list] = {}
+    _fit_done = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for names, wrap in ((FITTING, _marks_fitted), (SCORING, _needs_fitted)):
+            for name in names:
+                if inspect.isfunction(cls.__dict__.get(name)):
+                    setattr(cls, name, wrap(cls.__dict__[name]))
+        if "uses_features" not in cls.__dict__:
+            cls.uses_features = cls._defines("fit_features") and cls._defines("score_features")
+        if "cacheable" not in cls.__dict__:
+            cls.cacheable = cls._defines("state_dict") and cls._defines("load_state_dict")
+
+    @classmethod
+    def _defines(cls, method: str) -> bool:
+        return getattr(cls, method) is not getattr(Detector, method)
+
+    @property
+    def label(self) -> str:
+        return self.name or type(self).__name__
+
+    @property
+    def fitted(self) -> bool:
+        """Whether scores may be asked for: after ``fit``, ``fit_features`` or ``load_state_dict``."""
+        return self._fit_done or not self.needs_fit
+
+    def fit(self, model, dataset, **options) -> Detector:
+        """Fit on ``dataset`` (in-distribution training images): by default one pass of the model over
+        it, then :meth:`fit_features`."""
+        if not self.uses_features:
+            raise NotImplementedError(f"{type(self).__name__} defines neither fit(model, dataset) nor "
+                                      "fit_features(model, features, logits, labels) with score_features")
+        return self.fit_features(model, *extract_outputs(model, dataset), **options)
+
+    def fit_features(self, model, features: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                     **options) -> Detector:
+        """Fit on the fit data's penultimate features (N x D), logits (N x K) and labels (N, -1 unlabelled)."""
+        raise NotImplementedError(f"{type(self).__name__} does not fit on features (uses_features is False)")
+
+    def score(self, model, x: torch.Tensor) -> torch.Tensor:
+        """Tensor[N], higher = more in-distribution: by default :meth:`score_features` of one forward pass."""
+        if not self.uses_features:
+            raise NotImplementedError(f"{type(self).__name__} defines neither score(model, x) nor score_features")
+        import torch
+
+        with torch.no_grad():
+            features, logits = model.features_and_logits(x)
+        return self.score_features(features, logits)
+
+    def score_features(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Tensor[N] from a batch's features and logits (the forward pass jemeval shares)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score features (uses_features is False)")
+
+    def predict(self, model, x: torch.Tensor) -> torch.Tensor:
+        """pytorch-ood's name for :meth:`score`, with jemeval's sign (higher = more in-distribution)."""
+        return self.score(model, x)
+
+    def predict_features(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """pytorch-ood's name for :meth:`score_features`, with jemeval's sign."""
+        return self.score_features(features, logits)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fitted state, tensors and plain values only (used when ``cacheable``)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state :meth:`state_dict` returned (used when ``cacheable``)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(fitted={self.fitted})"

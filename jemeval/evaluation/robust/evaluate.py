@@ -1,0 +1,302 @@
+"""Adversarial robustness behind SGLD refinement (JEM's evaluation, docs/reproducing.md), as a plain function.
+
+``robust(model, norm=..., refine_steps=[0, 1, 10], attacks=["pgd"])`` attacks a fixed, seeded
+random subset of the test set and returns one record per (attack, refinement steps K, gradient
+mode, epsilon). The attacked model is :class:`~jemeval.sampling.refinement.RefinedClassifier` (K SGLD
+steps in ``chains`` copies of each input, each noised by ``chain_sigma``, logits averaged); how the
+attacker differentiates through it is the ``grad_mode`` (full / bpda / eot / bpda+eot).
+
+Nothing the attack says about its own success is trusted: every adversarial is re-classified by a
+fresh refined classifier (new noise, ``draws`` times), and an input counts as robust at epsilon only
+if it is classified correctly clean and under every draw after the attack
+(:mod:`jemeval.evaluation.robust.attack_loop`); each robust accuracy carries a 95% Wilson interval.
+
+The result carries the adaptive-defence sanity checks (:mod:`jemeval.evaluation.robust.checks`) as
+notes and in ``extra["checks"]``; ``extra["minimal_perturbations"]`` holds what minimisation attacks
+found. Figure: :func:`jemeval.plots.robustness.plot_robust_result`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jemeval.components.adapters import as_attack
+from jemeval.components.attack import Attack
+from jemeval.context import RunContext, takes_context
+from jemeval.data import input_shape_of, load_dataset, no_test_split_note, subsample, to_arrays
+from jemeval.deprecations import deprecated_keywords
+from jemeval.energy.model import EnergyModel
+from jemeval.errors import UsageError, did_you_mean
+from jemeval.evaluation.inputs import (
+    check_input_shape,
+    check_min,
+    check_refine_steps,
+    prepare_model,
+    stamp,
+    training_dataset,
+)
+from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
+from jemeval.evaluation.robust.checks import sanity_checks
+from jemeval.evaluation.robust.threat import check_norm
+from jemeval.plugins import get_registry
+from jemeval.registry import call_with_supported, check_options, parse_spec
+from jemeval.results import Result
+from jemeval.sampling.recorded import recorded_sgld
+from jemeval.sampling.refinement import EOT_MODES, GRAD_MODES, sampler_note
+
+__all__ = ["DEFAULT_EPSILONS", "MAX_EPSILON", "distortion_curve", "make_attack", "robust", "sanity_checks"]
+
+#: inputs per attack call when the run's context sets no batch size
+DEFAULT_BATCH_SIZE = 100
+#: Defaults in [0, 1] pixel units. The largest is big enough that an undefended model should be
+#: (almost) always fooled: a sanity check of the attack, not a realistic threat model.
+DEFAULT_EPSILONS = {
+    "linf": [0.0, 2 / 255, 4 / 255, 8 / 255, 16 / 255, 32 / 255, 64 / 255, 128 / 255],
+    "l2": [0.0, 0.25, 0.5, 1.0, 2.0, 4.0],
+}
+#: an epsilon written "max" is the norm's largest: Linf 1, L2 the diameter of the input space,
+#: sqrt(C x H x W) in pixel units. Every image is within reach there, so the large-epsilon sanity
+#: check (:func:`jemeval.evaluation.robust.checks.reaches_everything`) runs at every K; the report's
+#: presets end their L2 lists with it, whatever the dataset's image size.
+MAX_EPSILON = "max"
+
+
+def epsilon_limit(norm: str, input_shape: Sequence[int]) -> float:
+    """The largest epsilon of ``norm`` in pixel units: Linf 1, L2 sqrt(C x H x W)."""
+    return 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape)))
+
+
+def epsilon_value(e: float | str, limit: float) -> float:
+    """One epsilon as a number: ``"max"`` is ``limit``; anything else must be a number."""
+    if isinstance(e, str) and e.strip().lower() == MAX_EPSILON:
+        return float(limit)
+    try:
+        return float(e)
+    except (TypeError, ValueError):
+        raise UsageError(f"epsilon {e!r} is not a number: give numbers in [0, 1] pixel units (e.g. 8/255 as "
+                         f"0.0314) or {MAX_EPSILON!r} for the norm's largest", param="epsilons") from None
+
+
+# -- argument checking -------------------------------------------------------------------------------
+def check_epsilons(epsilons: Iterable[float | str], norm: str, input_shape: Sequence[int]) -> list[float]:
+    """Epsilons in pixel units: finite, >= 0, Linf <= 1, L2 <= the largest possible L2 distance
+    (``"max"``: that largest, :data:`MAX_EPSILON`)."""
+    dims = int(np.prod(input_shape))
+    limit = epsilon_limit(norm, input_shape)
+    eps = [epsilon_value(e, limit) for e in epsilons]
+    if not eps:
+        raise UsageError("epsilons is empty; give e.g. 0,8/255,16/255", param="epsilons")
+    for e in eps:
+        if not math.isfinite(e) or e < 0 or e > limit + 1e-9:
+            raise UsageError(
+                f"epsilon {e:g} is out of range for {norm}: epsilons are in [0, 1] pixel units, so {norm} "
+                f"epsilons must lie in [0, {limit:g}]" + (f" (sqrt of {dims} input dimensions)" if norm == "l2" else "")
+                + "; e.g. 0,8/255,16/255 for linf or 0,0.5,1 for l2", param="epsilons"
+            )
+    return sorted(set(eps))
+
+
+def check_grad_modes(modes: Iterable[str]) -> list[str]:
+    out = []
+    for m in modes:
+        if m not in GRAD_MODES:
+            raise UsageError(f"unknown grad_mode {m!r}{did_you_mean(m, GRAD_MODES)}; use one of "
+                             f"{', '.join(GRAD_MODES)}", param="grad_mode")
+        out.append(m)
+    if not out:
+        raise UsageError(f"grad_mode is empty; use one of {', '.join(GRAD_MODES)}", param="grad_mode")
+    return list(dict.fromkeys(out))
+
+
+def check_aa_version(aa_version: str | None) -> None:
+    """AutoAttack's version: standard, rand or None (the attack's default, standard)."""
+    versions = ("standard", "rand")
+    if aa_version is not None and aa_version not in versions:
+        raise UsageError(f"unknown aa_version {aa_version!r}{did_you_mean(str(aa_version), versions)}: use standard "
+                         "(APGD-CE, APGD-T, FAB-T, Square) or rand (APGD-CE and APGD-DLR with EOT, for randomised "
+                         "defences)", param="aa_version")
+
+
+def check_norm_param(norm: str) -> str:
+    """:func:`~jemeval.evaluation.robust.threat.check_norm` for the ``norm`` parameter (its message names it)."""
+    try:
+        return check_norm(norm, what="norm")
+    except UsageError as exc:
+        raise UsageError(str(exc), param="norm") from None
+
+
+def make_attack(spec: Any, norm: str, *, context: dict[str, Any]) -> tuple[str, Attack]:
+    """(name, :class:`~jemeval.Attack`) from a registered attack spec such as ``pgd`` or
+    ``pgd:steps=100``, or from an attack itself (Python callers; named by its ``name``, else its
+    class). A duck-typed attack callable is adapted (:func:`~jemeval.components.adapters.as_attack`).
+
+    ``context`` options (steps, restarts, the seed) are offered to factories that name them.
+    """
+    if callable(spec) and not isinstance(spec, str):
+        attack = as_attack(spec, norm)
+        name = attack.label
+    else:
+        parsed = parse_spec(spec)
+        factory = get_registry().get("attack", parsed.name)
+        if parsed.variant is not None:
+            raise UsageError(f"attack spec {spec!r}: write options as NAME:key=value, e.g. pgd:steps=100")
+        check_options(factory, parsed.options, f"attack {parsed.name!r}", skip=1)
+        name = parsed.name
+        attack = as_attack(call_with_supported(factory, norm, context=context, **parsed.options), norm, name)
+    if norm not in attack.norms:
+        raise UsageError(f"attack {name!r} does not support norm {norm!r}; it supports {', '.join(attack.norms)}")
+    return name, attack
+
+
+def attack_specs(attacks: Any) -> list[Any]:
+    """One attack (a spec or a callable) or a list of them, as a non-empty list."""
+    specs = [attacks] if isinstance(attacks, str) or callable(attacks) else list(attacks)
+    if not specs:
+        raise UsageError("attacks is empty; give e.g. 'pgd'", param="attacks")
+    return specs
+
+
+def plan_runs(ks: list[int], named: list[tuple[str, Attack]], modes: list[str], stochastic) -> list[Run]:
+    """Every (attack, K, gradient mode) run, equivalent ones collapsed: gradient-free attacks have no
+    gradient mode ("none"); with K = 0 full and bpda coincide (nothing to differentiate through), and
+    where ``stochastic(k)`` is false averaging over noise draws changes nothing (eot is full, bpda+eot
+    is bpda)."""
+    runs = []
+    for k in ks:
+        for name, attack in named:
+            if attack.gradient_free:
+                run_modes = ["none"]
+            else:
+                run_modes = [EOT_MODES.get(m, m) if not stochastic(k) else m for m in modes]
+                if k == 0:
+                    run_modes = [{"bpda": "full", "bpda+eot": "eot"}.get(m, m) for m in run_modes]
+                run_modes = list(dict.fromkeys(run_modes))
+            runs.extend(Run(name, attack, k, m) for m in run_modes)
+    return runs
+
+
+def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[float] | None, *, n: int | None,
+                  context: RunContext) -> Batches:
+    """The seeded test subset on the model's device, and the epsilons (defaults: the norm's list,
+    without sizes the input cannot hold, e.g. large L2 on tiny images)."""
+    full = load_dataset(data, "test", root=context.data_root, download=context.download, input_shape=model.input_shape)
+    note = no_test_split_note(data, full)
+    ds = subsample(full, n, seed=context.seed)
+    check_input_shape(model, ds, data)
+    x, y = (t.to(model.device) for t in to_arrays(ds))
+    if bool((y < 0).any()):
+        raise UsageError(f"robust accuracy needs labelled data, and {data!r} is unlabelled; use a labelled test set "
+                         "such as digits")
+    if epsilons is None:
+        limit = epsilon_limit(norm, input_shape_of(ds))
+        epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
+    return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm,
+                   context.batch(DEFAULT_BATCH_SIZE), notes=[note] if note else [])
+
+
+# -- the evaluation ---------------------------------------------------------------------------------
+def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: int, eot_samples: int, draws: int,
+                      aa_version: str | None, chain_sigma: float) -> tuple[str, list[int], list[str], list[Any]]:
+    """(norm, the distinct K, the gradient modes, the attack specs), every argument of ``robust``
+    checked before any model is loaded."""
+    norm = check_norm_param(norm)
+    ks = list(dict.fromkeys(check_refine_steps(refine_steps)))
+    modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
+    specs = attack_specs(attacks)
+    check_min("chains", int(chains), 1)
+    check_min("eot_samples", int(eot_samples), 1)
+    check_min("draws", int(draws), 1)
+    check_aa_version(aa_version)
+    check_min("chain_sigma", float(chain_sigma), 0)
+    return norm, ks, modes, specs
+
+
+# -- the evaluation ---------------------------------------------------------------------------------
+@deprecated_keywords(renamed={"sigma": "chain_sigma", "root": "data_root"},
+                     outputs={"plot": "jemeval.plots.robustness:plot_robust_result"})
+@takes_context(batch_size=DEFAULT_BATCH_SIZE)
+def robust(
+    model: EnergyModel | str,
+    *,
+    norm: str,
+    refine_steps: int | Sequence[int] = 0,
+    attacks: Any = "pgd",
+    epsilons: Sequence[float | str] | None = None,
+    data: str | None = None,
+    n: int | None = 300,
+    steps: int | None = None,
+    restarts: int | None = None,
+    grad_mode: str | Sequence[str] = "full",
+    chains: int = 5,
+    chain_sigma: float = 0.0,
+    eot_samples: int = 10,
+    draws: int = 1,
+    aa_version: str | None = None,
+    checkpoint: bool | None = None,
+    sgld_step_size: float | None = None,
+    sgld_noise: float | None = None,
+    context: RunContext,
+) -> Result:
+    """Robust accuracy of ``model`` under ``attacks`` for every (K, grad mode, epsilon).
+
+    ``epsilons``: [0, 1] pixel units, ``"max"`` the norm's largest (:data:`MAX_EPSILON`). ``steps`` /
+    ``restarts`` are offered to attacks that take them (PGD, APGD: iterations and random restarts;
+    Boundary: iterations); ``aa_version`` (standard or rand) to AutoAttack as its ``version``.
+    ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws averaged per
+    gradient; APGD averages them in its own loop; AutoAttack rand averages its 20 in full/bpda). With
+    K = 0 there is nothing to differentiate through, so the full and bpda modes coincide and K = 0 is
+    attacked once per attack (recorded as ``full``). Gradient-free attacks ignore the gradient mode
+    (recorded as ``none``).
+    ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only
+    if all of them classify it correctly (>= 5 recommended for a refined model; a deterministic
+    classifier is checked once). ``chain_sigma`` (default 0) is the noise added to each chain before
+    refinement; the JEM release used 0.03. ``checkpoint``: gradient checkpointing through refinement.
+    The run's :class:`~jemeval.context.RunContext` (``seed``, ``device``, ``batch_size``: inputs per
+    attack call, default 100, ``data_root``, ``download``, ``progress``) comes as keywords or ``context=``.
+    """
+    norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains,
+                                               eot_samples=eot_samples, draws=draws, aa_version=aa_version,
+                                               chain_sigma=chain_sigma)
+    model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
+    data = data or training_dataset(model, param="data")
+    inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
+    sgld, _ = recorded_sgld(model, 0, step_size=sgld_step_size, noise=sgld_noise)
+    offered = {k: v for k, v in {"steps": steps, "restarts": restarts, "crn_seed": context.seed,
+                                 "version": aa_version}.items() if v is not None}
+    named = [make_attack(spec, norm, context=offered) for spec in specs]
+    defence = Defence(model, chains, chain_sigma, sgld, int(eot_samples), checkpoint, context.seed, int(draws))
+    records, min_perturbations, notes = run_attacks(defence, plan_runs(ks, named, modes, defence.stochastic), ks,
+                                                    inputs, progress=context.progress)
+    checks = sanity_checks(records, input_dims=int(np.prod(inputs.x.shape[1:])), num_classes=model.num_classes)
+    return Result(
+        records=records,
+        provenance=stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, named, data)),
+        extra={"checks": checks, "minimal_perturbations": min_perturbations},
+        notes=inputs.notes + [c["message"] for c in checks] + notes,
+    )
+
+
+def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: list[str],
+                    named: list[tuple[str, Any]], data: str) -> dict[str, Any]:
+    """Everything that defines a robust evaluation, for the provenance."""
+    seed = defence.seed
+    return {
+        "norm": inputs.norm, "epsilons": inputs.epsilons,
+        "epsilon_units": "pixel units in [0, 1] (model space = 2 x epsilon)",
+        "refine_steps": ks, "grad_modes": modes, "chains": defence.chains, "sigma": defence.chain_sigma,
+        "eot_samples": defence.eot_samples, "gradient_checkpointing": defence.checkpoint,
+        "draws": defence.draws, "stochastic_refine_steps": [k for k in ks if defence.stochastic(k)],
+        "sgld": {k: v for k, v in defence.sgld.settings().items() if k != "steps"},
+        "sgld_note": sampler_note(defence.model),
+        "attacks": {name: dict(a.settings) for name, a in named},
+        "data": str(data), "split": "test", "n": len(inputs.x), "subset_seed": seed, "batch_size": inputs.batch_size,
+        "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",
+                  "clean_chains": f"batch_seed({seed} + 1000 + K, batch) ({seed} + 1000 + K for batch 0)",
+                  "recheck_chains": f"batch_seed({seed} + 2000 + 97 * run, batch) (its draws continue the stream)"},
+        "robust_definition": "correct on the clean input and on the adversarial under every one of the draws "
+                             "(fresh noise each), all re-classified by jemeval; robust_accuracy_mean averages the "
+                             "draws; ci_low/ci_high: 95% Wilson interval of robust_accuracy",
+    }
