@@ -9,7 +9,7 @@
 Each (recipe, seed) is a real ``jemeval.training.train`` run (the Python API, one process, no
 sample grids, no final test evaluation). After every epoch an ``on_step`` callback evaluates the
 current weights through the Python API: ``jemeval.evaluation.accuracy.evaluate`` (digits test
-accuracy) and ``jemeval.evaluation.ood.evaluate_ood`` (AUROC of log p~(x), digits test vs
+accuracy) and ``jemeval.evaluation.ood.evaluate.evaluate_ood`` (AUROC of log p~(x), digits test vs
 ``uniform`` and vs ``interp``: averages of two test digits). Evaluation time is not charged: the
 clock is the run's wall (and process CPU) time minus the time spent evaluating; the trainer's own
 per-epoch validation and checkpoint writes are charged, as in any run.
