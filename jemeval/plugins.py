@@ -43,6 +43,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.ood_datasets",
     "jemeval.builtins.scores",
     "jemeval.builtins.detectors",
+    "jemeval.builtins.pytorch_ood_detectors",
     "jemeval.builtins.metrics",
     "jemeval.builtins.foolbox_attacks",
     "jemeval.builtins.torchattacks_attacks",

@@ -272,6 +272,17 @@ def accepted_options(obj: Callable, *, skip: int = 0) -> list[str] | None:
     return [p.name for p in params[skip:] if p.kind in named]
 
 
+def option_defaults(obj: Callable, *, skip: int = 0) -> dict[str, Any]:
+    """The default of every keyword option ``obj`` takes after its first ``skip`` parameters (those
+    without a default left out): what a component ran with where the user set nothing."""
+    try:
+        params = list(inspect.signature(obj).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        return {}
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return {p.name: p.default for p in params if p.kind in named and p.default is not inspect.Parameter.empty}
+
+
 def check_options(obj: Callable, options: dict[str, Any], what: str, *, skip: int = 0) -> None:
     """Raise a one-line UsageError if ``obj`` does not accept the keyword ``options``.
 

@@ -3,6 +3,7 @@ batch, the fit cache, the detector contract for plugins (written from docs/plugi
 penultimate features every architecture gives."""
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -69,7 +70,7 @@ def _reference_detectors(clf, fit_loader):
         "entropy": pod.Entropy(clf),
         "gradnorm-huang": pod.GradNorm(clf, param_filter=lambda name: name == "net.head.weight"),
         "ash:variant=ash-p": pod.ASH(lambda x: clf.features(x)[:, :, None, None], lambda h: head(h.flatten(1)),
-                                     variant="ash-p", percentile=0.65),
+                                     variant="ash-p", percentile=0.90),
     }
 
 
@@ -105,6 +106,15 @@ def test_metrics_equal_pytorch_oods_ood_metrics(jem_scores):
         assert record["aupr_in"] == pytest.approx(theirs["AUPR-IN"], abs=1e-12), record
         assert record["aupr_out"] == pytest.approx(theirs["AUPR-OUT"], abs=1e-12), record
         assert record["fpr95"] == pytest.approx(id_positive.compute()["FPR95TPR"], abs=1e-12), record
+
+
+def test_every_option_a_score_ran_with_is_recorded_defaults_included(jem_scores):
+    """Issue 27: the defaults (OpenOOD's ASH 0.90 for CIFAR, pytorch-ood's k) are in the result, not
+    only what the user typed, so a record says what was computed."""
+    recorded = jem_scores.provenance["settings"]["score_options"]
+    assert recorded["ash:variant=ash-p"] == {"variant": "ash-p", "percentile": 0.90}
+    assert recorded["knn"] == {"k": 50} and recorded["energy:T=2"] == {"T": 2.0} and recorded["energy"] == {"T": 1.0}
+    assert json.loads(json.dumps(recorded)) == recorded  # written with the result as it is
 
 
 def test_grids_are_pytorch_oods_hyperparameter_spaces():

@@ -103,7 +103,7 @@ def test_the_page_covers_every_kind():
 def test_every_example_runs_and_leaves_no_plugin(page):
     assert set(page) == {"0", "1", "2", "3", "4"}, sorted(page)
     assert not set(get_plugin_manager().infos) & {"my-scores", "my-detectors", "my-attacks", "my-lab"}
-    for kind, name in (("score", "gen"), ("score", "nearest-mean"), ("attack", "bim"), ("model", "lab-mlp"),
+    for kind, name in (("score", "my-gen"), ("score", "nearest-mean"), ("attack", "bim"), ("model", "lab-mlp"),
                        ("checkpoint_layout", "labzoo")):
         assert name not in jemeval.names(kind)
     assert page["0"][1].splitlines() == ["try-digits/best.pt"]
@@ -132,7 +132,7 @@ def test_the_score_example(page):
     lines = printed.splitlines()
     assert lines[0] == "True"
     aurocs = {tuple(line.split()[:2]): float(line.split()[2]) for line in lines[1:4]}
-    assert set(aurocs) == {("gen", "uniform"), ("gen:gamma=0.5", "uniform"), ("maxprob", "uniform")}
+    assert set(aurocs) == {("my-gen", "uniform"), ("my-gen:gamma=0.5", "uniform"), ("maxprob", "uniform")}
     assert all(0.5 < v <= 1 for v in aurocs.values()), aurocs  # a trained classifier tells noise from digits
     assert lines[4] == "caught: from_logits(logits) differs from score(model, x)"
     assert len(lines) == 5

@@ -161,7 +161,7 @@ def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
     return (moved.double() / t).softmax(dim=1).amax(dim=1)
 
 
-def _ash_from_features(model, features, logits, *, variant: str = "ash-s", percentile: float = 0.65):
+def _ash_from_features(model, features, logits, *, variant: str = "ash-s", percentile: float = 0.90):
     from pytorch_ood.detector import ASH
 
     if variant not in ASH.variants:
@@ -172,10 +172,11 @@ def _ash_from_features(model, features, logits, *, variant: str = "ash-s", perce
     return -detector.predict_feature_maps(features[:, :, None, None])
 
 
-# pruning the largest activations presumes ReLU features
+# pruning the largest activations presumes ReLU features; percentile 0.90 is OpenOOD v1.5's for its CIFAR
+# benchmarks (configs/postprocessors/ash.yml), the paper's 0.65 was chosen on ImageNet
 @score(from_features=_ash_from_features, assumes_nonnegative_features=True,
        grid={"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]})
-def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.65):
+def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.90):
     """ASH: prune (and binarize or rescale) the penultimate activations, then the energy of the logits."""
     with torch.no_grad():
         features, logits = model.features_and_logits(x)

@@ -33,7 +33,7 @@ from jemeval.errors import JemevalError, UsageError
 from jemeval.evaluation import inputs
 from jemeval.plugins import get_registry
 from jemeval.progress import progress_bar
-from jemeval.registry import check_options, parse_spec
+from jemeval.registry import check_options, option_defaults, parse_spec
 from jemeval.runtime.devices import resolve_device
 from jemeval.runtime.shards import map_items, my_share
 from jemeval.sampling.sgld import frozen
@@ -85,14 +85,25 @@ class ScoreFn:
         return self.fn(model, x, **self.options)
 
 
-def check_score_options(fn: Score | Detector, options: dict[str, Any], name: str) -> None:
-    """Options a score accepts: a function's keywords after (model, x); a detector's after the data
-    arguments of ``fit_features`` (model, features, logits, labels) when it ``uses_features``, else of ``fit``."""
+def option_target(fn: Score | Detector) -> tuple[Callable, int]:
+    """What takes a score's options, and how many data arguments come first: a function's keywords
+    after (model, x); a detector's after those of ``fit_features`` (model, features, logits, labels)
+    when it ``uses_features``, else of ``fit`` (model, data)."""
     if isinstance(fn, Detector):
-        target = fn.fit_features if fn.uses_features else fn.fit
-        check_options(target, options, f"score {name!r}", skip=4 if fn.uses_features else 2)
-    else:
-        check_options(fn, options, f"score {name!r}", skip=2)
+        return (fn.fit_features, 4) if fn.uses_features else (fn.fit, 2)
+    return fn, 2
+
+
+def check_score_options(fn: Score | Detector, options: dict[str, Any], name: str) -> None:
+    target, skip = option_target(fn)
+    check_options(target, options, f"score {name!r}", skip=skip)
+
+
+def resolved_options(score_fn: ScoreFn) -> dict[str, Any]:
+    """Every option a score ran with: its defaults (OpenOOD's or pytorch-ood's, say) with the given
+    ones over them, for the provenance (a bare ``ash`` records percentile 0.9)."""
+    target, skip = option_target(score_fn.fn)
+    return {**option_defaults(target, skip=skip), **score_fn.options}
 
 
 def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:

@@ -5,7 +5,9 @@ them into float64 probabilities and reports ECE, MCE, RMS calibration error, Bri
 accuracy, plus the per-bin reliability table (bin conventions in
 :mod:`jemeval.evaluation.metrics`: equal-width bins, interval (lo, hi], confidence 0 in
 the first bin, 1.0 in the last; empty bins have no confidence/accuracy, they are not "perfectly
-calibrated").
+calibrated"). ``bins_strategy="equal-mass"`` draws the table in equal-mass bins instead (each
+record's own edges: a temperature moves the confidences, hence the cuts); the summary metrics keep
+their own binning, recorded per metric in the settings (``binning``).
 
 With ``temperature_scaling`` a single temperature T is fitted (a bounded scalar search, Brent's
 method over log T within ``TEMPERATURE_BOUNDS``, minimising the NLL) on images that are never
@@ -45,7 +47,13 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
-from jemeval.evaluation.metrics import DEFAULT_BINS, reliability_bins, select_metrics
+from jemeval.evaluation.metrics import (
+    BIN_STRATEGIES,
+    DEFAULT_BINS,
+    METRIC_BINNING,
+    reliability_bins,
+    select_metrics,
+)
 from jemeval.registry import call_with_supported
 from jemeval.results import Result
 
@@ -71,11 +79,12 @@ def temperature_nll(logits: np.ndarray, labels: np.ndarray, temperature: float) 
     return float((logsumexp(z, axis=1) - z[np.arange(len(y)), y]).mean())
 
 
-def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int) -> list[dict[str, Any]]:
-    """The reliability table as records: lower, upper, count, confidence, accuracy (None when empty)."""
-    table = reliability_bins(probs, labels, bins)
+def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int, strategy: str = "uniform") -> list[dict[str, Any]]:
+    """The reliability table as records: lower, upper, count, confidence, accuracy (None when empty);
+    equal-mass bins may be fewer than ``bins`` (ties merge cuts)."""
+    table = reliability_bins(probs, labels, bins, strategy)
     rows = []
-    for i in range(int(bins)):
+    for i in range(len(table["count"])):
         count = int(table["count"][i])
         rows.append({
             "lower": float(table["lower"][i]), "upper": float(table["upper"][i]), "count": count,
@@ -86,9 +95,10 @@ def bins_table(probs: np.ndarray, labels: np.ndarray, bins: int) -> list[dict[st
 
 
 def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAULT_BINS,
-                       metrics: Sequence[str] | None = None) -> dict[str, Any]:
+                       metrics: Sequence[str] | None = None, strategy: str = "uniform") -> dict[str, Any]:
     """The built-in calibration metrics (ece, mce, rms, brier, nll), or the ``metrics`` named
-    (plugin ones too), plus accuracy, n and the per-bin table. Metrics that accept ``bins`` get it."""
+    (plugin ones too), plus accuracy, n and the per-bin table in ``strategy`` bins. Metrics that
+    accept ``bins`` get it."""
     labels = np.asarray(labels).reshape(-1)
     if len(labels) == 0:
         raise UsageError("no examples to calibrate on")
@@ -102,8 +112,15 @@ def calibration_record(probs: np.ndarray, labels: np.ndarray, bins: int = DEFAUL
         record[name] = float(call_with_supported(fn, probs, labels, context={"bins": int(bins)}))
     record["accuracy"] = float(np.mean(probs.argmax(axis=1) == labels))
     record["n"] = len(labels)
-    record["bins"] = bins_table(probs, labels, bins)
+    record["bins"] = bins_table(probs, labels, bins, strategy)
     return record
+
+
+def check_bins_strategy(strategy) -> None:
+    """One line naming the option when the reliability table's binning is not one jemeval knows."""
+    if strategy not in BIN_STRATEGIES:
+        raise UsageError(f"bins_strategy must be one of {', '.join(BIN_STRATEGIES)}, got {strategy!r}",
+                         param="bins_strategy")
 
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -188,16 +205,19 @@ def calibrate(
     temperature_scaling: bool = False,
     val_size: int = DEFAULT_VAL_SIZE,
     metrics: Sequence[str] | None = None,
+    bins_strategy: str = "uniform",
     context: RunContext,
 ) -> Result:
     """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
     one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
-    named, plugin metrics too), accuracy, n, bins. ``input_sigma``: noise added to every input.
+    named, plugin metrics too), accuracy, n, bins (the reliability table, in ``bins_strategy`` bins:
+    "uniform" or "equal-mass"; recorded in the settings). ``input_sigma``: noise added to every input.
     ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
     :class:`~jemeval.context.RunContext`. Figure: :func:`jemeval.plots.calibration.plot_calibration_result`."""
     check_min("bins", int(bins), 1)
     check_input_sigma(input_sigma)
+    check_bins_strategy(bins_strategy)
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
     model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
@@ -209,17 +229,21 @@ def calibrate(
                                                             evaluated=ds, context=context)
     ds = subsample(ds, n, context.seed)
     out = run_batches(model, ds, sigma=input_sigma, context=context, desc=f"calibrate {data}")
-    raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics)
+    raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics, bins_strategy)
     records = [{"calibration": "none", "temperature": 1.0, **raw}]
-    settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "n": n, "sigma": float(input_sigma),
+    names = [name for name, _ in select_metrics("calibration", metrics)]
+    settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "bins_strategy": bins_strategy,
+                                "binning": {k: METRIC_BINNING[k] for k in names if k in METRIC_BINNING},
+                                "n": n, "sigma": float(input_sigma),
                                 "seed": int(context.seed), "noise_seed": out.settings["noise_seed"],
                                 "batch_size": out.settings["batch_size"],
                                 "temperature_scaling": bool(temperature_scaling),
-                                "metrics": [name for name, _ in select_metrics("calibration", metrics)],
+                                "metrics": names,
                                 "dataset_info": getattr(ds, "info", None)}
     if temperature_scaling:
         val = run_batches(model, val_ds, sigma=input_sigma, context=context, seed=context.seed + 1, desc="validation")
-        record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data)
+        record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data,
+                                                            strategy=bins_strategy)
         records.append(record)
         settings["validation"] = {**val_info, **validation}
         notes += fit_notes + more_notes
@@ -228,14 +252,14 @@ def calibrate(
     return Result(records, stamp("calibrate", model, context, settings), notes=notes)
 
 
-def temperature_scaled(out, val, *, bins: int, metrics, data: str):
+def temperature_scaled(out, val, *, bins: int, metrics, data: str, strategy: str = "uniform"):
     """(record, validation settings, notes) of temperature scaling: T fitted on the validation
     outputs ``val``, the calibration of ``out`` re-measured at that T, and notes where T says little."""
     if (val.labels < 0).any():
         raise UsageError(f"temperature scaling needs labels, and the images of {data!r} it is fitted on include "
                          "unlabelled ones")
     temperature = fit_temperature(val.logits, val.labels)
-    scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics)
+    scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics, strategy)
     validation = {"noise_seed": val.settings["noise_seed"], "optimizer": "bounded Brent search on log T",
                   "bounds": list(TEMPERATURE_BOUNDS)}
     notes = []

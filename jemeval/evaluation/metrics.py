@@ -22,6 +22,18 @@ the last. With n_b examples in bin b, acc_b their accuracy and conf_b their mean
 * NLL = mean -log p_y (probabilities clipped at the smallest positive float64 so that a
   confidently wrong example costs about 708 nats instead of infinity).
 
+Opt-in calibration metrics (named with ``--metric``; not in the default table):
+
+* adaptive-ece: the ECE over equal-mass bins (:func:`equal_mass_edges`);
+* classwise-ece (Kull et al. 2019): for each class k, the ECE of p_k against 1[y = k] over the
+  equal-width bins above, averaged over all K classes (a class never predicted or never seen counts);
+* debiased-l2 (Kumar et al. 2019): top-label, equal-mass bins, sqrt(max(0, sum_b n_b/N
+  ((conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)))), a bin of fewer than 2 examples adding 0.
+
+These three follow the reference package ``uncertainty-calibration`` (module ``calibration``) to the
+bin edge, so their numbers equal its ``get_ece_em``, ``get_ece(mode="marginal")`` and
+``lower_bound_scaling_top_ce(p=2, debias=True, binning_scheme=get_equal_bins)``.
+
 Metrics that accept a ``bins`` keyword get the command's ``--bins`` (plugin metrics too).
 """
 from __future__ import annotations
@@ -132,24 +144,65 @@ def bin_index(confidence, bins: int) -> np.ndarray:
     return np.clip(idx, 0, int(bins) - 1)
 
 
-def reliability_bins(probs, labels, bins: int = DEFAULT_BINS) -> dict[str, np.ndarray]:
-    """Per-bin lower/upper edge, count, mean confidence and accuracy (NaN for empty bins)."""
-    probs, labels = _probs_labels(probs, labels)
-    confidence = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
-    idx = bin_index(confidence, bins)
-    count = np.bincount(idx, minlength=bins).astype(np.int64)
-    conf_sum = np.bincount(idx, weights=confidence, minlength=bins)
-    acc_sum = np.bincount(idx, weights=correct, minlength=bins)
+BIN_STRATEGIES = ("uniform", "equal-mass")
+
+
+def equal_mass_edges(confidence, bins: int) -> np.ndarray:
+    """The edges of equal-mass bins over ``confidence``, by the rule of Kumar et al.'s reference
+    package (``calibration.get_equal_bins``) so that numbers compare with it exactly.
+
+    The sorted confidences are cut into min(B, n) consecutive runs by ``np.array_split``: each run
+    holds floor(n/B) values and the first n mod B runs one more. Each inner edge is the midpoint of
+    the last value of a run and the first of the next; 0 and 1 close the ends. A bin holds
+    (lower, upper], so values tied across a cut (the edge is then that very value) all go to the
+    lower bin, and equal edges merge: heavy ties give fewer than B bins, or an empty one.
+    """
+    bins = int(bins)
+    if bins < 1:
+        raise ValueError(f"the number of bins must be >= 1, got {bins}")
+    conf = np.sort(np.asarray(confidence, dtype=np.float64).reshape(-1))
+    if len(conf) == 0:
+        return np.array([0.0, 1.0])
+    runs = np.array_split(conf, min(bins, len(conf)))
+    inner = [(a[-1] + b[0]) / 2.0 for a, b in zip(runs[:-1], runs[1:])]
+    return np.concatenate([[0.0], np.unique(np.array([*inner, 1.0]))])
+
+
+def strategy_edges(confidence, bins: int, strategy: str = "uniform") -> np.ndarray:
+    """The bin edges of ``strategy``: "uniform" (b/B) or "equal-mass" (:func:`equal_mass_edges`)."""
+    if strategy == "uniform":
+        return bin_edges(bins)
+    if strategy == "equal-mass":
+        return equal_mass_edges(confidence, bins)
+    raise ValueError(f"unknown binning strategy {strategy!r}; known: {', '.join(BIN_STRATEGIES)}")
+
+
+def binned(values, targets, edges) -> dict[str, np.ndarray]:
+    """Per bin (edges[i], edges[i+1]] (a value at or below the first edge goes to bin 0): lower/upper
+    edge, count, mean value ("confidence") and mean target ("accuracy"), NaN for empty bins."""
+    values = np.asarray(values, dtype=np.float64)
+    m = len(edges) - 1
+    idx = np.clip(np.searchsorted(edges[1:], values, side="left"), 0, m - 1)
+    count = np.bincount(idx, minlength=m).astype(np.int64)
+    conf_sum = np.bincount(idx, weights=values, minlength=m)
+    acc_sum = np.bincount(idx, weights=np.asarray(targets, dtype=np.float64), minlength=m)
     with np.errstate(invalid="ignore", divide="ignore"):
         conf = np.where(count > 0, conf_sum / np.maximum(count, 1), np.nan)
         acc = np.where(count > 0, acc_sum / np.maximum(count, 1), np.nan)
-    edges = bin_edges(bins)
     return {"lower": edges[:-1], "upper": edges[1:], "count": count, "confidence": conf, "accuracy": acc}
 
 
-def _gaps(probs, labels, bins) -> tuple[np.ndarray, np.ndarray]:
-    table = reliability_bins(probs, labels, bins)
+def reliability_bins(probs, labels, bins: int = DEFAULT_BINS, strategy: str = "uniform") -> dict[str, np.ndarray]:
+    """Per-bin lower/upper edge, count, mean confidence and accuracy (NaN for empty bins), in
+    equal-width (``strategy="uniform"``) or equal-mass bins."""
+    probs, labels = _probs_labels(probs, labels)
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
+    return binned(confidence, correct, strategy_edges(confidence, bins, strategy))
+
+
+def _gaps(probs, labels, bins, strategy: str = "uniform") -> tuple[np.ndarray, np.ndarray]:
+    table = reliability_bins(probs, labels, bins, strategy)
     weight = table["count"] / max(int(table["count"].sum()), 1)
     gap = np.nan_to_num(np.abs(table["accuracy"] - table["confidence"]), nan=0.0)
     return weight, gap
@@ -193,11 +246,52 @@ def nll(probs, labels) -> float:
     return float(np.mean(-np.log(np.maximum(p, np.finfo(np.float64).tiny))))
 
 
-#: name -> metric, registered by jemeval.builtins.metrics
+@calibration_metric
+def adaptive_ece(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Adaptive ECE: sum_b n_b/N |acc_b - conf_b| over equal-mass bins, which keep every bin
+    populated where confidences crowd near 1 (the reference package's ``get_ece_em``)."""
+    weight, gap = _gaps(probs, labels, bins, "equal-mass")
+    return float(np.sum(weight * gap))
+
+
+@calibration_metric
+def classwise_ece(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Class-wise ECE (Kull et al. 2019): the ECE of every class's probability p_k against 1[y = k]
+    over equal-width bins, averaged over all classes: calibration of the whole vector, not only the top."""
+    probs, labels = _probs_labels(probs, labels)
+    edges = bin_edges(bins)
+    per_class = []
+    for k in range(probs.shape[1]):
+        table = binned(probs[:, k], labels == k, edges)
+        gap = np.nan_to_num(np.abs(table["accuracy"] - table["confidence"]), nan=0.0)
+        per_class.append(np.sum(table["count"] / len(labels) * gap))
+    return float(np.mean(per_class))
+
+
+@calibration_metric
+def debiased_l2(probs, labels, bins: int = DEFAULT_BINS) -> float:
+    """Debiased top-label L2 calibration error (Kumar et al. 2019, "Verified uncertainty calibration"):
+    each equal-mass bin's squared gap less its expected sampling noise acc_b (1 - acc_b) / (n_b - 1)
+    (bins of fewer than 2 examples add 0), weighted by n_b/N, then sqrt(max(0, .)) as the reference
+    package's ``unbiased_l2_ce`` reports it. The plug-in estimate is biased upwards for small bins."""
+    table = reliability_bins(probs, labels, bins, "equal-mass")
+    count, acc, conf = table["count"], table["accuracy"], table["confidence"]
+    big = count >= 2
+    terms = (conf[big] - acc[big]) ** 2 - acc[big] * (1.0 - acc[big]) / (count[big] - 1.0)
+    squared = float(np.sum(count[big] / max(int(count.sum()), 1) * terms))
+    return float(np.sqrt(max(squared, 0.0)))
+
+
+#: name -> metric, registered by jemeval.builtins.metrics; what a command reports by default
 BUILTIN_METRICS = {
     "auroc": auroc, "aupr_in": aupr_in, "aupr_out": aupr_out, "fpr95": fpr95,
     "ece": ece, "mce": mce, "rms": rms, "brier": brier, "nll": nll,
 }
+#: built-in metrics reported only when named (``--metric adaptive-ece``): defaults stay as they were
+OPT_IN_METRICS = {"adaptive-ece": adaptive_ece, "classwise-ece": classwise_ece, "debiased-l2": debiased_l2}
+#: the bins each built-in calibration metric measures in (recorded in calibrate's settings)
+METRIC_BINNING = {"ece": "uniform", "mce": "uniform", "rms": "uniform", "adaptive-ece": "equal-mass",
+                  "classwise-ece": "uniform, per class", "debiased-l2": "equal-mass"}
 
 
 def registered_metrics(task: str) -> list[tuple[str, object]]:
@@ -207,7 +301,7 @@ def registered_metrics(task: str) -> list[tuple[str, object]]:
     """
     registry = get_registry()
     found = [(c.name, c.obj) for c in registry.components("metric") if metric_task(c.obj) == task]
-    order = {name: i for i, name in enumerate(BUILTIN_METRICS)}
+    order = {name: i for i, name in enumerate([*BUILTIN_METRICS, *OPT_IN_METRICS])}
     return sorted(found, key=lambda item: (order.get(item[0], len(order)), item[0]))
 
 

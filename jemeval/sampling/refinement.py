@@ -10,8 +10,10 @@ attack is, so it is an explicit, recorded setting (``grad_mode``):
 
 ``full``
     the exact gradient through every SGLD step (the graph w.r.t. the *input* only; parameters
-    stay frozen). Memory grows with the steps, so each step can be recomputed during the backward
-    pass instead of stored (``checkpoint``; by default on from 5 steps).
+    stay frozen). Stored, that graph grows with the steps (K networks' activations and their
+    double-backward); with ``checkpoint`` (the default from 2 steps) each step keeps only its input
+    and noise and is recomputed in the backward pass (:class:`CheckpointedStep`): the same numbers
+    in memory flat in K, for 1.1-1.5x the time (benchmarks/refine_memory.py).
 ``bpda``
     forward: logits at the refined input; backward: the refinement is treated as the identity,
     i.e. the gradient of the logits at the refined point, passed straight to the input. This is
@@ -47,8 +49,9 @@ from jemeval.sampling.sgld import SGLD, frozen, input_grad
 GRAD_MODES = ("full", "bpda", "eot", "bpda+eot")
 #: the modes that average over ``eot_samples`` noise draws, and the single-draw mode each extends
 EOT_MODES = {"eot": "full", "bpda+eot": "bpda"}
-#: refinement with at least this many steps uses gradient checkpointing when ``checkpoint=None``
-AUTO_CHECKPOINT_STEPS = 5
+#: refinement with at least this many steps uses gradient checkpointing when ``checkpoint=None``: one
+#: step's graph is what a checkpointed backward rebuilds anyway, so below 2 it would cost time for nothing
+AUTO_CHECKPOINT_STEPS = 2
 
 
 class RefinedClassifier(nn.Module):
@@ -181,9 +184,9 @@ class RefinedClassifier(nn.Module):
         logits = self.model(refined)
         return logits.reshape(n, copies, -1).mean(dim=1)
 
-    def _randn(self, like: torch.Tensor) -> torch.Tensor:
+    def _randn(self, like: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         gen = self.generator if self.generator is not None and self.generator.device == like.device else None
-        return torch.randn(like.shape, generator=gen, device=like.device, dtype=like.dtype)
+        return torch.randn(like.shape, generator=gen, device=like.device, dtype=like.dtype, out=out)
 
     def _refine(self, x: torch.Tensor, *, create_graph: bool) -> torch.Tensor:
         if create_graph and self.checkpoint:
@@ -192,19 +195,79 @@ class RefinedClassifier(nn.Module):
         return self.sgld.sample(self.model, x, create_graph=create_graph, generator=gen)
 
     def _refine_checkpointed(self, x: torch.Tensor) -> torch.Tensor:
-        """The SGLD update of :class:`~jemeval.sampling.sgld.SGLD` with the graph kept through every
-        step, each step recomputed in the backward pass (torch.utils.checkpoint) instead of
-        stored: memory grows with one step's activations, not with ``steps`` of them."""
-        from torch.utils.checkpoint import checkpoint
-
-        sgld, model = self.sgld, self.model
-
-        def step(x_k: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-            # frozen here too: the recomputation runs during backward, outside any outer context
-            with frozen(model, train=(sgld.bn_mode == "train")):
-                _, grad = input_grad(model, x_k, create_graph=True)
-            return sgld.update(x_k, grad, noise, create_graph=True)
-
-        for _ in range(self.steps):
-            x = checkpoint(step, x, self._randn(x), use_reentrant=False)
+        """The chain of :meth:`_refine` with ``create_graph``, each step stored as its input and noise
+        only (:class:`CheckpointedStep`): the backward recomputes one step's graph at a time, so
+        memory holds two images per step instead of ``steps`` networks' activations. Those images
+        live in one block allocated up front: saved one by one between each step's transient
+        buffers, they fragmented the CPU heap (peak 1.48x / 1.60x of K = 1 at K = 20 in full / eot
+        mode, 1.32x / 1.35x in one block; benchmarks/README.md)."""
+        store = torch.empty((self.steps, 2, *x.shape), dtype=x.dtype, device=x.device)
+        step = _Step(self.sgld, self.model, self._randn, store)
+        for k in range(self.steps):
+            x = CheckpointedStep.apply(x, step, k)
         return x
+
+
+class _Step:
+    """One SGLD step of ``model``: its input gradient, the noise drawn as :meth:`SGLD.sample` draws it
+    (``draw(like, out)``), and ``store[k]``: where step k keeps its input and its noise."""
+
+    def __init__(self, sgld: SGLD, model: nn.Module, draw, store: torch.Tensor) -> None:
+        self.sgld, self.model, self.draw, self.store = sgld, model, draw, store
+
+    def grad(self, x: torch.Tensor, *, create_graph: bool) -> torch.Tensor:
+        # frozen here too: the recomputation runs during backward, outside any outer context
+        with frozen(self.model, train=(self.sgld.bn_mode == "train")):
+            return input_grad(self.model, x, create_graph=create_graph)[1]
+
+
+class CheckpointedStep(torch.autograd.Function):
+    """One SGLD step whose backward recomputes it (gradient checkpointing written for a step that
+    itself takes an input gradient).
+
+    Why not ``torch.utils.checkpoint(use_reentrant=False)``: the step's inner ``autograd.grad``
+    unpacks the tensors the checkpoint declined to save, which makes it recompute the network
+    already in the forward pass and keeps part of each step's graph: measured on CPU
+    (benchmarks/refine_memory.py, variant ``torch``) its memory grew 2.2x from K = 1 to 20, this
+    one's 1.3x (flat from K = 2), in about the same time. Here the forward is
+    one plain step (no graph: one forward and one backward of the network); only x, the noise and
+    the RNG state are kept, and the backward rebuilds that one step's double-backward graph, takes
+    its vector-Jacobian product and drops it. The noise is drawn after the input gradient, as
+    :meth:`SGLD.sample` draws it, and saved; the RNG state is restored for the recomputation
+    (dropout in a train-mode sampler draws the same masks) and the caller's stream is left as it
+    was. The forward uses the differentiable form of the update, so its output equals the
+    unchecked one bit for bit. Not differentiable twice.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, step: _Step, k: int) -> torch.Tensor:
+        ctx.step, ctx.rng = step, _rng_state(x.device)
+        grad = step.grad(x.detach(), create_graph=False)
+        noise = step.draw(x, out=step.store[k, 1])
+        # on ctx, not save_for_backward: the slots share the store's version counter, which every
+        # later step's writes bump; each slot is written once, before its own step reads it
+        ctx.saved = step.store[k, 0].copy_(x), noise
+        return step.sgld.update(x, grad, noise, create_graph=True)  # no graph: forward runs without grad
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        x, noise = ctx.saved
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            _set_rng_state(x.device, ctx.rng)
+            z = x.detach().requires_grad_(True)
+            out = ctx.step.sgld.update(z, ctx.step.grad(z, create_graph=True), noise, create_graph=True)
+            (grad_x,) = torch.autograd.grad(out, z, grad_out)
+        return grad_x, None, None
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU generator's state and, on CUDA, the device's: what a recomputed step may draw from."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)

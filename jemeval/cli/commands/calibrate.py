@@ -19,10 +19,16 @@ def bins_rows(result) -> list[dict]:
 @model_option
 @dataset_option("--data", default=None, help="Dataset to calibrate on. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
-@click.option("--bins", type=int, default=20, show_default=True, help="Equal-width confidence bins.")
+@click.option("--bins", type=int, default=20, show_default=True,
+              help="Confidence bins B: equal-width for ece/mce/rms/classwise-ece, equal-mass for adaptive-ece and "
+                   "debiased-l2, and the reliability table's (see --bins-strategy).")
+@click.option("--bins-strategy", type=click.Choice(["uniform", "equal-mass"]), default="uniform", show_default=True,
+              help="Bins of the reliability table and --plot: equal-width, or equal-mass (each bin about N/B of the "
+                   "sorted confidences; cuts at midpoints, ties go to the lower bin).")
 @click.option("--metric", "metrics", default=None,
               help="Comma-separated calibration metrics to report, plugin metrics included (see 'jemeval list "
-                   "metrics'). Default: the built-ins ece,mce,rms,brier,nll.")
+                   "metrics'). Default: the built-ins ece,mce,rms,brier,nll; adaptive-ece, classwise-ece and "
+                   "debiased-l2 when named.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Use a seeded random subset of N examples.")
 @sigma_option
 @click.option("--temperature-scaling", is_flag=True,
@@ -37,14 +43,15 @@ def bins_rows(result) -> list[dict]:
 @click.option("--no-bins", "hide_bins", is_flag=True, help="Do not print the per-bin table.")
 @output_options
 @run_options()
-def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scaling, val_size, plot, hide_bins, context,
-        **output):
+def cli(model_path, data, split, bins, bins_strategy, metrics, n, input_sigma, temperature_scaling, val_size, plot,
+        hide_bins, context, **output):
     """Calibration of a model's confidences (max softmax) on a labelled dataset.
 
     ECE = sum_b n_b/N |acc_b - conf_b| over equal-width bins (lo, hi] (confidence 0 in the first
     bin, 1 in the last); MCE = max over non-empty bins; RMS = sqrt(sum_b n_b/N (acc_b - conf_b)^2);
-    Brier = mean sum_k (p_k - 1[k=y])^2; NLL = mean -log p(y|x). --csv writes the summary; --json
-    also holds every bin.
+    Brier = mean sum_k (p_k - 1[k=y])^2; NLL = mean -log p(y|x). Opt-in: adaptive-ece (equal-mass
+    bins), classwise-ece (Kull et al.: ECE of each p_k, averaged over classes), debiased-l2 (Kumar
+    et al.). --csv writes the summary; --json also holds every bin.
 
     \b
     Example:
@@ -55,8 +62,9 @@ def cli(model_path, data, split, bins, metrics, n, input_sigma, temperature_scal
     from jemeval.results import markdown_table, text_table
 
     result = calibrate(
-        model_path, data, split=split, bins=bins, n=n, input_sigma=input_sigma, temperature_scaling=temperature_scaling,
-        val_size=val_size, metrics=split_list(metrics, "--metric") if metrics else None, context=context,
+        model_path, data, split=split, bins=bins, bins_strategy=bins_strategy, n=n, input_sigma=input_sigma,
+        temperature_scaling=temperature_scaling, val_size=val_size,
+        metrics=split_list(metrics, "--metric") if metrics else None, context=context,
     )
     write_files(result, (plot, plot_calibration_result))
     emit(result, columns=SUMMARY_COLUMNS + [k for k in result.records[0] if k not in SUMMARY_COLUMNS and k != "bins"],

@@ -52,8 +52,10 @@ def split_attack_specs(value: str) -> list[str]:
                    "size that should defeat any undefended model).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=300, show_default=True,
               help="Seeded random subset of the test set (the paper: 300).")
-@click.option("--steps", type=int, default=None,
-              help="Attack iterations (PGD default 40, the paper 100; APGD, FAB, AutoAttack 100; Boundary 1000).")
+@click.option("--steps", default=None,
+              help="Attack iterations (PGD default 40, the paper 100; APGD, FAB, AutoAttack 100; Boundary 1000); a "
+                   "list (10,50,100) is a sweep: each count is run on the same inputs and seeds, and a curve whose "
+                   "robust accuracy still drops between the last two counts is flagged not converged.")
 @click.option("--restarts", type=int, default=None,
               help="Random restarts of PGD and APGD (default 1; the paper's PGD 20).")
 @click.option("--grad-mode", default="full", show_default=True,
@@ -65,11 +67,13 @@ def split_attack_specs(value: str) -> list[str]:
 @click.option("--chains", type=int, default=5, show_default=True,
               help="Noisy copies of each input refined and averaged (the paper: 5).")
 @chain_sigma_option(old_sigma=True)
-@click.option("--eot-samples", type=int, default=10, show_default=True,
-              help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter).")
+@click.option("--eot-samples", default="10", show_default=True,
+              help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter); a list "
+                   "(1,5,10,20) is a sweep, flagged not converged while robust accuracy still drops by more than its "
+                   "Wilson half-width between the last two counts.")
 @click.option("--grad-checkpoint/--no-grad-checkpoint", "checkpoint", default=None,
               help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from "
-                   "5 steps.")
+                   "2 steps.")
 @click.option("--sgld-lr", "sgld_step_size", type=float, default=None,
               help="SGLD step size for refinement (default: the checkpoint's, else 1.0).")
 @click.option("--sgld-std", "sgld_noise", type=float, default=None,
@@ -77,7 +81,8 @@ def split_attack_specs(value: str) -> list[str]:
 @dataset_option("--data", default=None,
                 help="Dataset whose test split is attacked. Default: the model's training dataset.")
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
-                    help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png.")
+                    help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png; "
+                         "after an --eot-samples or --steps sweep, beside it robust accuracy vs the count.")
 @output_options
 @nproc_option
 @run_options(batch_size=100, batch_help="Inputs per attack call.")
@@ -91,7 +96,8 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
     every draw. Each robust accuracy has a 95% Wilson interval (ci_low, ci_high). Sanity checks
     (accuracy at epsilon 0 = clean, non-increasing in epsilon, near zero at the largest epsilon for
     K=0 and, for K>0, where every image is reachable, gradient-free not beating white-box, EOT not
-    beating single-draw gradients) are printed as notes and listed under "checks" in --json.
+    beating single-draw gradients, and after a --eot-samples or --steps sweep the attack's convergence)
+    are printed as notes and listed under "checks" in --json.
 
     \b
     Examples:
@@ -103,6 +109,8 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
       jemeval robust --model jem.pt --norm linf --refine-steps 0,1,10 --steps 100 --restarts 20 \\
           --chain-sigma 0.03
       jemeval robust --model jem.pt --norm l2 --attack pgd,boundary --refine-steps 10
+      jemeval robust --model jem.pt --norm linf --refine-steps 10 --chain-sigma 0.03 \\
+          --grad-mode eot --eot-samples 1,5,10,20 --steps 10,50,100 --plot sweep.png
     """
     from jemeval.evaluation.robust.evaluate import robust
     from jemeval.plots.robustness import plot_robust_result
@@ -111,9 +119,24 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
         model_path, norm=norm, refine_steps=parse_ints(refine_steps, "--refine-steps"),
         attacks=split_attack_specs(attacks),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
-        data=data, n=n, steps=steps, restarts=restarts, grad_mode=split_list(grad_mode, "--grad-mode"),
-        draws=draws, aa_version=aa_version, chains=chains, chain_sigma=chain_sigma, eot_samples=eot_samples,
-        checkpoint=checkpoint, sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
+        data=data, n=n, steps=None if steps is None else counts(steps, "--steps"), restarts=restarts,
+        grad_mode=split_list(grad_mode, "--grad-mode"), draws=draws, aa_version=aa_version, chains=chains,
+        chain_sigma=chain_sigma, eot_samples=counts(eot_samples, "--eot-samples"), checkpoint=checkpoint,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
     )
     write_files(result, (plot, plot_robust_result))
-    emit(result, columns=COLUMNS, **output)
+    emit(result, columns=columns_for(result), **output)
+
+
+def counts(value: str, what: str) -> int | list[int]:
+    """'10' -> 10 (one count, as before); '1,5,10' -> [1, 5, 10] (a sweep)."""
+    values = parse_ints(value, what)
+    return values[0] if len(values) == 1 else values
+
+
+def columns_for(result) -> list[str]:
+    """The table's columns; after a sweep also each record's steps and convergence verdict."""
+    if "convergence" not in result.extra:
+        return COLUMNS
+    i = COLUMNS.index("eot_samples") + 1
+    return COLUMNS[:i] + ["steps", "converged"] + COLUMNS[i:]

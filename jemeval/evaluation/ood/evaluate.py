@@ -31,7 +31,14 @@ from jemeval.artifacts import OODScores
 from jemeval.context import RunContext, takes_context
 from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
-from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, BatchOutputs, ScoreFn, resolve_scores, run_batches
+from jemeval.evaluation.batching import (
+    DEFAULT_BATCH_SIZE,
+    BatchOutputs,
+    ScoreFn,
+    resolve_scores,
+    resolved_options,
+    run_batches,
+)
 from jemeval.evaluation.inputs import check_input_sigma, prepare_model, stamp, training_dataset
 from jemeval.evaluation.metrics import select_metrics
 from jemeval.evaluation.ood.fit import DetectorFitter, fit_sets
@@ -106,6 +113,7 @@ def compute_ood_scores(
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
         "sigma": float(input_sigma), "seed": int(context.seed), "batch_size": context.batch(DEFAULT_BATCH_SIZE),
         "sets": settings_per_set, "groups": {label: group for label, _, group in sets if group is not None},
+        "score_options": {s.label: resolved_options(s) for s in score_fns},
         "id_data": id_info, **fitting, **({"feature_signs": signs} if signs else {}),
     }
     return result, settings

@@ -2,8 +2,8 @@
 near,far``), and loading them at the model's input shape.
 
 CIFAR-10 and CIFAR-100 follow OpenOOD v1.5: near = the other CIFAR and Tiny ImageNet (``tin``),
-far = MNIST, SVHN, Textures and Places365 (``tin``, ``textures`` and ``places365`` come as files
-under the data root, see :mod:`jemeval.builtins.ood_datasets`).
+far = MNIST, SVHN, Textures (DTD) and Places365. All but ``tin`` are torchvision's and download;
+``tin`` is a folder the user provides (:mod:`jemeval.builtins.ood_datasets`, docs/data.md).
 
 digits (sklearn's 8 x 8, all offline): a model trained on all ten digits has no held-out class, so
 near = ``interp`` (averages of two test digits) and ``rotate:digits`` (test digits turned 90

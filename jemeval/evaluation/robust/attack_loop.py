@@ -189,6 +189,11 @@ class Run:
     attack: Attack
     refine_steps: int
     grad_mode: str
+    #: the EOT count of a sweep's run (None: the defence's ``eot_samples``)
+    eot_samples: int | None = None
+    #: the re-check noise stream (None: the run's own index); a sweep's counts share their base run's,
+    #: so every count is re-checked under the same noise (paired)
+    stream: int | None = None
 
 
 @dataclass
@@ -249,7 +254,9 @@ def run_eot(defence: Defence, run: Run) -> int | None:
     ``eot_samples`` in the EOT modes, else the attack's own (:func:`own_eot_samples`: 1 for most)."""
     if run.grad_mode == "none":
         return None
-    return defence.eot_samples if run.grad_mode in EOT_MODES else own_eot_samples(run.attack)
+    if run.grad_mode not in EOT_MODES:
+        return own_eot_samples(run.attack)
+    return defence.eot_samples if run.eot_samples is None else run.eot_samples
 
 
 def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: torch.Tensor, yb: torch.Tensor,
@@ -265,14 +272,30 @@ def attack_batch(defence: Defence, run: Run, attacked: nn.Module, b: int, xb: to
         return run.attack(attacked, xb, yb, eps), None
 
 
+def sweep_counts(run: Run) -> str:
+    """' eot_samples=5 steps=10' for a run of a sweep (its counts), '' for any other run."""
+    if run.stream is None:
+        return ""
+    steps = run.attack.settings.get("steps")
+    return ((f" eot_samples={run.eot_samples}" if run.eot_samples is not None else "")
+            + (f" steps={steps}" if steps is not None else ""))
+
+
+def run_label(run: Run) -> str:
+    """'pgd K=2 eot', and for a run of a sweep its counts: 'pgd K=2 eot eot_samples=5 steps=10'."""
+    return f"{run.name} K={run.refine_steps} {run.grad_mode}{sweep_counts(run)}"
+
+
 def attack_run(defence: Defence, run: Run, index: int, data: Batches, bar: ProgressBar):
     """(correct after attack R x E x N over the R re-check draws, verified minimal perturbations N or
     None, inputs without a start). The batches are shared out over the processes
     (:func:`jemeval.runtime.shards.map_batches`): each batch's attack and re-check chains are seeded
     by the batch alone."""
-    bar.describe(f"robust: {run.name} K={run.refine_steps} {run.grad_mode}")
-    attacked = defence.classifier(run.refine_steps, run.grad_mode, eot_samples=1 if native_eot(run) else None).eval()
-    done = map_batches(lambda b: attack_one_batch(defence, run, index, attacked, b, data, bar), len(data.spans))
+    bar.describe(f"robust: {run_label(run)}")
+    attacked = defence.classifier(run.refine_steps, run.grad_mode,
+                                  eot_samples=1 if native_eot(run) else run.eot_samples).eval()
+    stream = index if run.stream is None else run.stream
+    done = map_batches(lambda b: attack_one_batch(defence, run, stream, attacked, b, data, bar), len(data.spans))
     correct_adv = torch.cat([c for c, _, _ in done], dim=2).to(defence.device)
     min_pert = torch.cat([m for _, m, _ in done]).to(defence.device) if is_minimization(run.attack) else None
     return correct_adv, min_pert, sum(w for _, _, w in done)
@@ -320,17 +343,20 @@ def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Te
             "steps": settings.get("steps"), "restarts": settings.get("restarts"),
             "gradient_free": bool(run.attack.gradient_free),
             "median_min_perturbation": median, "seconds": round(seconds, 3),
+            "converged": None,  # a sweep's verdict (jemeval.evaluation.robust.checks.convergence)
         })
     return records
 
 
-def minimal_perturbations(run: Run, data: Batches, min_pert: torch.Tensor, is_clean: torch.Tensor) -> dict[str, Any]:
+def minimal_perturbations(defence: Defence, run: Run, data: Batches, min_pert: torch.Tensor,
+                          is_clean: torch.Tensor) -> dict[str, Any]:
     """The per-example minimal perturbations of a minimisation run (0 where the clean input is
     already misclassified), their median and the robustness-distortion curve."""
     min_pert = torch.where(is_clean, min_pert, torch.zeros_like(min_pert))
     max_eps = max(data.epsilons)
     return {
         "attack": run.name, "norm": data.norm, "refine_steps": run.refine_steps, "grad_mode": run.grad_mode,
+        "eot_samples": run_eot(defence, run), "steps": run.attack.settings.get("steps"),
         "median": float(min_pert.median()), "found": int(torch.isfinite(min_pert).sum()),
         "values": [v if math.isfinite(v) else None for v in min_pert.tolist()],
         "curve": distortion_curve(min_pert, max_eps if max_eps > 0 else 1.0),
@@ -354,10 +380,10 @@ def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches,
             seconds = time.perf_counter() - start
             is_clean, median = clean[run.refine_steps], None
             if min_pert is not None:
-                min_perturbations.append(minimal_perturbations(run, data, min_pert, is_clean))
+                min_perturbations.append(minimal_perturbations(defence, run, data, min_pert, is_clean))
                 median = min_perturbations[-1]["median"]
             if without_start:
-                notes.append(f"{run.name} K={run.refine_steps}: {without_start} input(s) had no adversarial "
-                             "starting point and were not attacked")
+                notes.append(f"{run.name} K={run.refine_steps}{sweep_counts(run)}: {without_start} input(s) had no "
+                             "adversarial starting point and were not attacked")
             records += run_records(defence, run, data, correct_adv, is_clean, median, seconds)
     return records, min_perturbations, notes

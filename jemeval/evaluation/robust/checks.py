@@ -11,6 +11,13 @@ Across runs, two signs of obfuscated gradients (Athalye et al. 2018): a gradient
 single-draw gradient mode (full, bpda) leaving accuracy much higher than an EOT mode (eot,
 bpda+eot) of the same attack: the single-draw gradient is masked by the refinement's randomness.
 Every check is a dict with ``check``, ``passed`` and a ``message`` ("check ok: ..." or "WARNING: ...").
+
+A sweep (``eot_samples`` or ``steps`` given as a list) adds one more item: an attack that has not
+converged in its EOT samples or iterations overstates robustness, and nothing else in the record
+says so. :func:`convergence` gives every (attack, K, grad mode, epsilon) curve its verdict: not
+converged while robust accuracy still drops by more than its Wilson half-width between the last two
+counts (``attack_converged``); the other checks then judge the sweep's last counts, the numbers it
+reports (:func:`final_records`).
 """
 from __future__ import annotations
 
@@ -32,12 +39,15 @@ SINGLE_DRAW_MODES = tuple(EOT_MODES.values())
 
 
 def sanity_checks(records: list[dict[str, Any]], *, input_dims: int | None = None,
-                  num_classes: int | None = None) -> list[dict[str, Any]]:
+                  num_classes: int | None = None, verdicts: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The checks printed with the results; each a dict with check, passed, message.
 
     ``input_dims`` (C x H x W) tells which L2 epsilon reaches every image; ``num_classes`` gives the
-    chance level quoted in the messages.
+    chance level quoted in the messages; ``verdicts`` (:func:`convergence`, a sweep's) add the
+    ``attack_converged`` checks, and the others then judge the sweep's last counts.
     """
+    if verdicts:
+        records = final_records(records)
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["attack"], r["refine_steps"], r["grad_mode"]), []).append(r)
@@ -49,7 +59,7 @@ def sanity_checks(records: list[dict[str, Any]], *, input_dims: int | None = Non
         checks += [{"check": c["check"], **where, "passed": c["passed"], "message": c["message"]}
                    for c in curve_checks(label, k, rows, input_dims=input_dims, num_classes=num_classes)]
     extra = [obfuscation_check(records), masking_check(records)]
-    return checks + [c for c in extra if c]
+    return checks + [c for c in extra if c] + convergence_checks(verdicts)
 
 
 def reaches_everything(norm: str | None, epsilon: float, input_dims: int | None) -> bool:
@@ -152,3 +162,106 @@ def masking_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _check(name: str, passed: bool, text: str) -> dict[str, Any]:
     return {"check": name, "passed": bool(passed), "message": f"{'check ok' if passed else 'WARNING'}: {text}"}
+
+
+# -- convergence of a sweep (eot_samples or steps given as a list) ----------------------------------
+#: what a message calls the counts of each swept axis
+SWEEP_AXES = {"eot_samples": "EOT samples", "steps": "attack steps"}
+DETERMINISTIC = "the defence is deterministic at K={k} (no chain or SGLD noise), so every EOT count is the same " \
+                "attack: converged"
+
+
+def _counts(r: dict[str, Any]) -> tuple[int, int]:
+    return int(r.get("eot_samples") or 0), int(r.get("steps") or 0)
+
+
+def final_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of each (attack, K, grad mode) at its largest counts (EOT samples, then steps):
+    what a sweep reports; every record where nothing was swept."""
+    last: dict[tuple, tuple[int, int]] = {}
+    for r in records:
+        key = (r["attack"], r["refine_steps"], r["grad_mode"])
+        last[key] = max(last.get(key, (-1, -1)), _counts(r))
+    return [r for r in records if _counts(r) == last[(r["attack"], r["refine_steps"], r["grad_mode"])]]
+
+
+def convergence(records: list[dict[str, Any]], *, swept: list[str],
+                deterministic_ks: list[int] = ()) -> list[dict[str, Any]]:
+    """One verdict per (attack, K, grad mode, epsilon) curve and swept axis (``eot_samples``,
+    ``steps``), along that axis at the other's largest count: ``converged`` is False while robust
+    accuracy drops from the second-last count to the last by more than the last one's Wilson
+    half-width ((ci_high - ci_low) / 2: a drop the n inputs cannot put down to chance), else True;
+    True without measuring for EOT at a K in ``deterministic_ks`` (no noise: every count is the same
+    attack); None where the axis does not apply (a single-draw or gradient-free run, an attack
+    without a steps setting)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["attack"], r["refine_steps"], r["grad_mode"], r["epsilon"]), []).append(r)
+    verdicts = []
+    for axis in swept:
+        other = "steps" if axis == "eot_samples" else "eot_samples"
+        for curve, rows in groups.items():
+            top = max(r.get(other) or 0 for r in rows)
+            rows = sorted((r for r in rows if (r.get(other) or 0) == top), key=lambda r: r.get(axis) or 0)
+            verdicts.append(axis_verdict(axis, curve, rows, deterministic=curve[1] in deterministic_ks))
+    return verdicts
+
+
+def axis_verdict(axis: str, curve: tuple, rows: list[dict[str, Any]], *, deterministic: bool) -> dict[str, Any]:
+    """The verdict of one curve along one axis (rows sorted by that axis's count)."""
+    attack, k, mode, eps = curve
+    label = f"{attack} K={k} {mode} eps={eps:g}"
+    out = {"attack": attack, "refine_steps": k, "grad_mode": mode, "epsilon": eps, "axis": axis,
+           "counts": [r.get(axis) for r in rows], "robust_accuracy": [r["robust_accuracy"] for r in rows],
+           "half_width": None, "converged": None, "message": None}
+    if len(rows) >= 2:
+        (a, b), (before, last) = [r[axis] for r in rows[-2:]], [r["robust_accuracy"] for r in rows[-2:]]
+        half = (rows[-1]["ci_high"] - rows[-1]["ci_low"]) / 2
+        ok = before - last <= half
+        out.update(half_width=half, converged=ok, message=(
+            f"{label}: {before:.3f} -> {last:.3f} from {a} to {b} {SWEEP_AXES[axis]}, "
+            + (f"within the {half:.3f} half-width: converged" if ok else
+               f"more than the {half:.3f} half-width: not converged")))
+    elif axis == "eot_samples" and deterministic:
+        out.update(converged=True, message=f"{label}: {DETERMINISTIC.format(k=k)}")
+    return out
+
+
+def mark_converged(records: list[dict[str, Any]], verdicts: list[dict[str, Any]]) -> None:
+    """Each record's ``converged``: False if its curve has not converged along a swept axis, True if
+    it has along every axis that applies, None where none does (or nothing was swept)."""
+    flags: dict[tuple, list[bool]] = {}
+    for v in verdicts:
+        if v["converged"] is not None:
+            flags.setdefault((v["attack"], v["refine_steps"], v["grad_mode"], v["epsilon"]), []).append(v["converged"])
+    for r in records:
+        got = flags.get((r["attack"], r["refine_steps"], r["grad_mode"], r["epsilon"]))
+        r["converged"] = all(got) if got else None
+
+
+def convergence_checks(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``attack_converged`` check per (attack, K, grad mode, swept axis); a failed one names
+    every curve that still drops, with its two numbers."""
+    groups: dict[tuple, list[dict]] = {}
+    for v in verdicts:
+        if v["converged"] is not None:
+            groups.setdefault((v["attack"], v["refine_steps"], v["grad_mode"], v["axis"]), []).append(v)
+    checks = []
+    for (attack, k, mode, axis), vs in groups.items():
+        bad = [v["message"] for v in vs if not v["converged"]]
+        where = {"attack": attack, "refine_steps": k, "grad_mode": mode, "axis": axis}
+        text = ("; ".join(bad) + f" (run more {SWEEP_AXES[axis]} until the last two counts agree)" if bad
+                else converged_text(f"{attack} K={k} {mode}", vs))
+        checks.append({**_check("attack_converged", not bad, text), **where})
+    return checks
+
+
+def converged_text(label: str, vs: list[dict[str, Any]]) -> str:
+    """The message of a curve set that converged at every epsilon."""
+    if vs[0]["half_width"] is None:
+        return f"{label}: {DETERMINISTIC.format(k=vs[0]['refine_steps'])}"
+    a, b = vs[0]["counts"][-2:]
+    points = ", ".join(f"eps={v['epsilon']:g} {v['robust_accuracy'][-2]:.3f} -> {v['robust_accuracy'][-1]:.3f}"
+                       for v in vs)
+    return (f"{label}: converged from {a} to {b} {SWEEP_AXES[vs[0]['axis']]}, every drop within its Wilson "
+            f"half-width ({points})")

@@ -39,7 +39,7 @@ from jemeval.evaluation.inputs import (
     training_dataset,
 )
 from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
-from jemeval.evaluation.robust.checks import sanity_checks
+from jemeval.evaluation.robust.checks import convergence, mark_converged, sanity_checks
 from jemeval.evaluation.robust.threat import check_norm
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, check_options, parse_spec
@@ -198,20 +198,44 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
-def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: int, eot_samples: int, draws: int,
+def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | None:
+    """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1, distinct, in
+    increasing order (a sweep's verdict compares its last two). None stays None."""
+    if value is None:
+        return None
+    counts = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
+    if not counts:
+        raise UsageError(f"{param} is empty; give a count or a list such as 1,5,10,20", param=param)
+    for c in counts:
+        try:
+            whole = int(c) == c and int(c) >= 1
+        except (TypeError, ValueError, OverflowError):
+            whole = False
+        if not whole:
+            raise UsageError(f"{param} must be whole numbers >= 1 (a count, or a list such as 1,5,10,20), got {c!r}",
+                             param=param)
+    return sorted({int(c) for c in counts})
+
+
+def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: int, draws: int,
                       aa_version: str | None, chain_sigma: float) -> tuple[str, list[int], list[str], list[Any]]:
     """(norm, the distinct K, the gradient modes, the attack specs), every argument of ``robust``
-    checked before any model is loaded."""
+    checked before any model is loaded (the counts: :func:`check_counts`)."""
     norm = check_norm_param(norm)
     ks = list(dict.fromkeys(check_refine_steps(refine_steps)))
     modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
     specs = attack_specs(attacks)
     check_min("chains", int(chains), 1)
-    check_min("eot_samples", int(eot_samples), 1)
     check_min("draws", int(draws), 1)
     check_aa_version(aa_version)
     check_min("chain_sigma", float(chain_sigma), 0)
     return norm, ks, modes, specs
+
+
+#: how a sweep's counts are compared (the provenance says so)
+PAIRED = ("every count attacks the same inputs with the same attack seeds, after one clean pass, and is re-checked "
+          "under its run's noise stream (paired); not converged: robust accuracy drops by more than the Wilson "
+          "half-width of the last count between the last two counts")
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
@@ -227,12 +251,12 @@ def robust(
     epsilons: Sequence[float | str] | None = None,
     data: str | None = None,
     n: int | None = 300,
-    steps: int | None = None,
+    steps: int | Sequence[int] | None = None,
     restarts: int | None = None,
     grad_mode: str | Sequence[str] = "full",
     chains: int = 5,
     chain_sigma: float = 0.0,
-    eot_samples: int = 10,
+    eot_samples: int | Sequence[int] = 10,
     draws: int = 1,
     aa_version: str | None = None,
     checkpoint: bool | None = None,
@@ -246,52 +270,116 @@ def robust(
     ``restarts`` are offered to attacks that take them (PGD, APGD: iterations and random restarts;
     Boundary: iterations); ``aa_version`` (standard or rand) to AutoAttack as its ``version``.
     ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws averaged per
-    gradient; APGD averages them in its own loop; AutoAttack rand averages its 20 in full/bpda). With
-    K = 0 there is nothing to differentiate through, so the full and bpda modes coincide and K = 0 is
-    attacked once per attack (recorded as ``full``). Gradient-free attacks ignore the gradient mode
-    (recorded as ``none``).
-    ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only
-    if all of them classify it correctly (>= 5 recommended for a refined model; a deterministic
-    classifier is checked once). ``chain_sigma`` (default 0) is the noise added to each chain before
-    refinement; the JEM release used 0.03. ``checkpoint``: gradient checkpointing through refinement.
-    The run's :class:`~jemeval.context.RunContext` (``seed``, ``device``, ``batch_size``: inputs per
-    attack call, default 100, ``data_root``, ``download``, ``progress``) comes as keywords or ``context=``.
+    gradient; APGD averages them in its own loop; AutoAttack rand averages its 20 in full/bpda). A list
+    of ``eot_samples`` or ``steps`` is a sweep: every count is run (paired) and each (attack, K, grad
+    mode, epsilon) curve gets a convergence verdict (:func:`~jemeval.evaluation.robust.checks.convergence`).
+    K = 0 is attacked once per attack (full and bpda coincide there; recorded as ``full``); gradient-free
+    attacks ignore the gradient mode (recorded as ``none``). ``draws``: re-check every adversarial under
+    that many fresh noise draws; an input is robust only if all of them classify it correctly (>= 5 for
+    a refined model). ``chain_sigma`` (default 0; the JEM release 0.03) is the noise added to each chain
+    before refinement. ``checkpoint``: gradient checkpointing through refinement. The RunContext (``seed``,
+    ``device``, ``batch_size``: inputs per attack call, default 100, ...) comes as keywords or ``context=``.
     """
-    norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains,
-                                               eot_samples=eot_samples, draws=draws, aa_version=aa_version,
-                                               chain_sigma=chain_sigma)
+    norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
+                                               aa_version=aa_version, chain_sigma=chain_sigma)
+    sweep = check_sweep(eot_samples, steps)
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
     inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
     sgld, _ = recorded_sgld(model, 0, step_size=sgld_step_size, noise=sgld_noise)
-    offered = {k: v for k, v in {"steps": steps, "restarts": restarts, "crn_seed": context.seed,
-                                 "version": aa_version}.items() if v is not None}
-    named = [make_attack(spec, norm, context=offered) for spec in specs]
-    defence = Defence(model, chains, chain_sigma, sgld, int(eot_samples), checkpoint, context.seed, int(draws))
-    records, min_perturbations, notes = run_attacks(defence, plan_runs(ks, named, modes, defence.stochastic), ks,
+    offered = {k: v for k, v in {"restarts": restarts, "crn_seed": context.seed, "version": aa_version}.items()
+               if v is not None}
+    variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
+    defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
+    runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
+    records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
                                                     inputs, progress=context.progress)
-    checks = sanity_checks(records, input_dims=int(np.prod(inputs.x.shape[1:])), num_classes=model.num_classes)
+    checks, verdicts = judge(records, defence, ks, inputs, sweep, notes)
     return Result(
         records=records,
-        provenance=stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, named, data)),
-        extra={"checks": checks, "minimal_perturbations": min_perturbations},
+        provenance=stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, variants, data, sweep)),
+        extra={"checks": checks, "minimal_perturbations": min_perturbations,
+               **({"convergence": verdicts} if swept_axes(sweep) else {})},
         notes=inputs.notes + [c["message"] for c in checks] + notes,
     )
 
 
+def check_sweep(eot_samples, steps) -> dict[str, list[int] | None]:
+    """The counts: ``eot_samples`` as a list (one count, or a sweep), ``steps`` as a list when given
+    as one (a sweep), else None: a single ``steps`` goes to the attacks as it always did."""
+    return {"eot_samples": check_counts("eot_samples", eot_samples),
+            "steps": None if steps is None or isinstance(steps, (int, np.integer)) else check_counts("steps", steps)}
+
+
+def attack_variants(specs: list[Any], norm: str, offered: dict[str, Any], steps) -> list[tuple[str, list[Attack]]]:
+    """Per attack spec (name, its attack at every count of a ``steps`` sweep, else the one attack).
+    An attack that takes no steps setting, or whose spec fixes its own (``pgd:steps=100``), is built
+    the same at every count: it is one attack, run once."""
+    out = []
+    for spec in specs:
+        counts = steps if isinstance(steps, list) else [steps]
+        built = [make_attack(spec, norm, context={**offered, **({} if s is None else {"steps": s})}) for s in counts]
+        attacks = [a for _, a in built]
+        if len({repr(a.settings.get("steps")) for a in attacks}) < len(attacks):
+            attacks = attacks[-1:]
+        out.append((built[0][0], attacks))
+    return out
+
+
+def sweep_runs(runs: list[Run], variants: list[tuple[str, list[Attack]]], eot_counts: list[int]) -> list[Run]:
+    """Every run of a sweep: each planned run at every steps count of its attack and, in an EOT mode
+    (a stochastic K), at every EOT count, in one loop after one clean pass. A planned run's counts
+    share its re-check noise stream (``stream``), its inputs and its attack seeds: the counts are
+    paired, so a drop between them is the attack's, not the noise's. Without a sweep: ``runs``."""
+    by_first = {id(attacks[0]): attacks for _, attacks in variants}
+    if len(eot_counts) < 2 and all(len(a) < 2 for a in by_first.values()):
+        return runs
+    out = []
+    for index, run in enumerate(runs):
+        counts = eot_counts if run.grad_mode in EOT_MODES and len(eot_counts) > 1 else [None]
+        out += [Run(run.name, attack, run.refine_steps, run.grad_mode, eot_samples=e, stream=index)
+                for attack in by_first[id(run.attack)] for e in counts]
+    return out
+
+
+def swept_axes(sweep: dict[str, list[int] | None]) -> list[str]:
+    """The counts swept (eot_samples, steps): those given as a list of two or more."""
+    return [axis for axis, counts in sweep.items() if counts is not None and len(counts) > 1]
+
+
+def judge(records: list[dict], defence: Defence, ks: list[int], inputs: Batches, sweep: dict[str, list[int] | None],
+          notes: list[str]) -> tuple[list[dict], list[dict]]:
+    """(the checklist, the convergence verdicts); each record gets its curve's ``converged``, and
+    ``notes`` a line for a swept count that no run uses (its sweep measured nothing)."""
+    deterministic = [k for k in ks if not defence.stochastic(k)]
+    verdicts = convergence(records, swept=swept_axes(sweep), deterministic_ks=deterministic)
+    mark_converged(records, verdicts)
+    for axis in swept_axes(sweep):
+        if all(v["converged"] is None for v in verdicts if v["axis"] == axis):
+            notes.append(f"the {axis} sweep {sweep[axis]} changed no run: " + (
+                "EOT samples matter only in the eot and bpda+eot gradient modes at a K with noise"
+                if axis == "eot_samples" else "no attack takes a steps setting that its spec leaves open"))
+    checks = sanity_checks(records, input_dims=int(np.prod(inputs.x.shape[1:])),
+                           num_classes=defence.model.num_classes, verdicts=verdicts)
+    return checks, verdicts
+
+
 def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: list[str],
-                    named: list[tuple[str, Any]], data: str) -> dict[str, Any]:
+                    variants: list[tuple[str, list[Attack]]], data: str, sweep: dict[str, Any]) -> dict[str, Any]:
     """Everything that defines a robust evaluation, for the provenance."""
     seed = defence.seed
     return {
         "norm": inputs.norm, "epsilons": inputs.epsilons,
         "epsilon_units": "pixel units in [0, 1] (model space = 2 x epsilon)",
         "refine_steps": ks, "grad_modes": modes, "chains": defence.chains, "sigma": defence.chain_sigma,
-        "eot_samples": defence.eot_samples, "gradient_checkpointing": defence.checkpoint,
+        "eot_samples": sweep["eot_samples"] if len(sweep["eot_samples"]) > 1 else defence.eot_samples,
+        **({"sweep": {**{a: sweep[a] for a in swept_axes(sweep)}, "paired": PAIRED}} if swept_axes(sweep) else {}),
+        "gradient_checkpointing": defence.checkpoint,  # as given (None: automatic); where it was on:
+        "gradient_checkpointing_steps": [k for k in ks if k and defence.classifier(k, "full").checkpoint],
         "draws": defence.draws, "stochastic_refine_steps": [k for k in ks if defence.stochastic(k)],
         "sgld": {k: v for k, v in defence.sgld.settings().items() if k != "steps"},
         "sgld_note": sampler_note(defence.model),
-        "attacks": {name: dict(a.settings) for name, a in named},
+        "attacks": {name: dict(a[-1].settings) for name, a in variants},
         "data": str(data), "split": "test", "n": len(inputs.x), "subset_seed": seed, "batch_size": inputs.batch_size,
         "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",
                   "clean_chains": f"batch_seed({seed} + 1000 + K, batch) ({seed} + 1000 + K for batch 0)",
