@@ -1,4 +1,5 @@
-"""Figures that compare models: reliability curves, ROC curves and robust accuracy, models overlaid.
+"""Figures that compare models: reliability curves, ROC curves, robust accuracy and (after an attack
+sweep) its convergence curves, models overlaid.
 
 The single commands draw one model per figure (calibration.py, ood.py, robustness.py); a report
 draws every model on the same axes, one colour per model, from the records and scores the
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from jemeval.evaluation.robust.checks import SWEEP_AXES
 from jemeval.plots import pyplot, save_figure
 
 LINESTYLES = ["-", "--", ":", "-."]
@@ -129,6 +131,84 @@ def plot_robustness_overlay(per_model: Mapping[str, Sequence[dict[str, Any]]], p
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
         ax.set_title(f"robust accuracy vs {norm} epsilon", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return Path(path)
+
+
+#: one robust Result as the convergence figure reads it: (its records, its ``extra["convergence"]``)
+Sweep = tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]
+
+
+def _curve(v: dict[str, Any]) -> tuple:
+    return v["attack"], v["refine_steps"], v["grad_mode"], v["epsilon"]
+
+
+def _sweep_band(records: Sequence[dict[str, Any]], v: dict[str, Any]) -> list[tuple[float, float]] | None:
+    """The 95% interval of each point of a verdict's curve, from the records behind it (at the other
+    axis's largest count, as the verdict was taken); None where a record lacks one."""
+    other = "steps" if v["axis"] == "eot_samples" else "eot_samples"
+    band = []
+    for count in v["counts"]:
+        rows = [r for r in records if (r["attack"], r["refine_steps"], r["grad_mode"], r["epsilon"], r.get(v["axis"]))
+                == (v["attack"], v["refine_steps"], v["grad_mode"], v["epsilon"], count)]
+        rows = [r for r in rows if (r.get(other) or 0) == max((q.get(other) or 0) for q in rows)]
+        if not rows or rows[0].get("ci_low") is None or rows[0].get("ci_high") is None:
+            return None
+        band.append((rows[0]["ci_low"], rows[0]["ci_high"]))
+    return band
+
+
+def _sweep_curves(per_model: Mapping[str, Sequence[Sweep]]) -> dict[tuple[str, str], list[tuple[str, list, dict]]]:
+    """(norm, swept axis) -> [(model, records, verdict)] for every curve with two or more counts at an
+    epsilon above 0 (at 0 nothing is attacked)."""
+    panels: dict[tuple[str, str], list[tuple[str, list, dict]]] = {}
+    for model, sweeps in per_model.items():
+        for records, verdicts in sweeps:
+            norm = records[0]["norm"] if records else "?"
+            for v in verdicts:
+                if len(v["counts"]) > 1 and v["epsilon"] > 0:
+                    panels.setdefault((norm, v["axis"]), []).append((model, list(records), v))
+    return panels
+
+
+def plot_convergence_overlay(per_model: Mapping[str, Sequence[Sweep]], path: str | Path) -> Path:
+    """Robust accuracy vs each swept count (EOT samples, attack steps; log scale) for every model: one
+    panel per (norm, swept axis), a colour per model, a line style and marker per (attack, K, grad
+    mode, epsilon) curve, the 95% Wilson band where the records carry one. A curve that has not
+    converged (:func:`jemeval.evaluation.robust.checks.convergence`) gets a ring on its last point and
+    "NOT converged" in the legend."""
+    plt = pyplot()
+    panels = _sweep_curves(per_model)
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.4 * max(1, len(panels)), 4.6), squeeze=False)
+    colours = dict(zip(per_model, _colours(len(per_model))))
+    markers = ["o", "s", "^", "v", "D", "P", "X", "*"]
+    for ax, ((norm, axis), curves) in zip(axes[0], panels.items()):
+        shapes = list(dict.fromkeys(_curve(v) for _, _, v in curves))
+        for model, records, v in curves:
+            i = shapes.index(_curve(v))
+            colour = colours[model]
+            label = f"{model}: K={v['refine_steps']} {v['attack']} ({v['grad_mode']}) eps={v['epsilon']:g}"
+            ax.plot(v["counts"], v["robust_accuracy"], color=colour, linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    marker=markers[i % len(markers)], markersize=4,
+                    label=label + ("" if v["converged"] is not False else " NOT converged"))
+            if v["converged"] is False:
+                ax.plot(v["counts"][-1:], v["robust_accuracy"][-1:], marker="o", markersize=11, color=colour,
+                        markerfacecolor="none", linestyle="none")
+            band = _sweep_band(records, v)
+            if band:
+                ax.fill_between(v["counts"], [b[0] for b in band], [b[1] for b in band], color=colour, alpha=0.08,
+                                linewidth=0)
+        counts = sorted({c for _, _, v in curves for c in v["counts"]})
+        ax.set_xscale("log")
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.minorticks_off()
+        ax.set_xlabel(f"{SWEEP_AXES[axis]} (log scale)")
+        ax.set_ylabel("robust accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(f"robust accuracy vs {SWEEP_AXES[axis]} ({norm}; paired: same inputs and seeds)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
     return Path(path)

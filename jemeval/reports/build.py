@@ -9,7 +9,8 @@ fails for one model is shown with its one-line error and the rest is still writt
     DIR/report.md     tables (models as columns, best in bold), figures, provenance
     DIR/report.html   the same page, self-contained (figures inlined)
     DIR/report.json   every record with ``section`` and ``model`` keys, each run's provenance
-    DIR/figures/      reliability, ROC, robustness (models overlaid), score histograms, sample grids
+    DIR/figures/      reliability, ROC, robustness and an attack sweep's convergence curves (models
+                      overlaid), score histograms, sample grids
     DIR/cache/        the per (model, section) results
     DIR/.jemeval-report.json   the files the report wrote (only those are ever replaced or removed)
 """

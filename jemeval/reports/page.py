@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from jemeval.evaluation.ood.evaluate import METRIC_NOTE
+from jemeval.evaluation.robust.checks import SWEEP_AXES, final_records
 from jemeval.reports.document import Block, Bullets, Figure, Folded, Heading, Para
-from jemeval.reports.tables import Table, section_tables
+from jemeval.reports.tables import Table, fmt_key, section_tables
 from jemeval.results import Result
 
 
@@ -64,16 +65,18 @@ def _sizes(section: str, runs: dict[str, list[Result]]) -> str:
 
 def _notes(runs: dict[str, list[Result]], skip: str) -> list[str]:
     """Each note once, followed by the models it came from; robust's passed sanity checks are
-    counted per model instead of listed (their failures stay notes)."""
+    counted per model instead of listed (their failures stay notes), and its convergence verdicts
+    (``attack_converged``) are left to their own block (:func:`convergence_blocks`)."""
     by_note: dict[str, list[str]] = {}
     for model, results in runs.items():
         checks = [c for res in results for c in res.extra.get("checks") or []]
         passed = {c["message"] for c in checks if c.get("passed")}
+        verdicts = {c["message"] for c in checks if c.get("check") == CONVERGED_CHECK}
         if checks:
             by_note.setdefault(f"{len(passed)} of {len(checks)} sanity checks of the adaptive-defence checklist "
                                "passed", []).append(model)
         for note in dict.fromkeys(n for res in results for n in res.notes):
-            if note not in skip and note not in passed:
+            if note not in skip and note not in passed and note not in verdicts:
                 by_note.setdefault(note, []).append(model)
     return [f"{note} ({', '.join(models)})" for note, models in by_note.items()]
 
@@ -84,9 +87,12 @@ def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[R
     sizes = _sizes(section, runs)
     blocks: list[Block] = [Heading(2, heading), Para(text), Para("Options: " + (_options(options) or "defaults")
                                                                 + (f". Examples: {sizes}." if sizes else "."))]
-    per_model = {m: [r for res in results for r in res.records] for m, results in runs.items()}
+    per_model = {m: shown_records(section, results) for m, results in runs.items()}
     tables: list[Table] = section_tables(section, per_model) if per_model else []
-    blocks += [t for t in tables if t.rows]
+    sweep = sweep_text(runs) if section == "robust" else None
+    blocks += ([Para(sweep)] if sweep else []) + [t for t in tables if t.rows]
+    if section == "robust":
+        blocks += convergence_blocks(runs)
     if errors:
         blocks.append(Bullets([f"**{m}**: failed: {e}" for m, e in errors.items()]))
     notes = _notes(runs, text)
@@ -96,6 +102,92 @@ def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[R
         blocks.append(Para(f"Figure ({caption}) could not be drawn: {error}") if error else
                       Figure(path, path.relative_to(out).as_posix(), caption))
     return blocks
+
+
+# -- robust: a sweep's last counts and its convergence verdicts ---------------------------------------
+#: the checklist item of a sweep (jemeval.evaluation.robust.checks.convergence_checks)
+CONVERGED_CHECK = "attack_converged"
+
+
+def shown_records(section: str, results: list[Result]) -> list[dict[str, Any]]:
+    """The records a section's tables show: every record, except that robust shows each sweep at its
+    last counts (:func:`~jemeval.evaluation.robust.checks.final_records`, per norm's Result), the
+    numbers a reader should quote, so no table cell mixes counts. A run without a sweep (or cached by
+    a jemeval before sweeps) has one count per curve: all of its records."""
+    if section != "robust":
+        return [r for res in results for r in res.records]
+    return [r for res in results for r in final_records(list(res.records))]
+
+
+def _sweeps(runs: dict[str, list[Result]]) -> list[dict[str, list[int]]]:
+    """The distinct sweeps (swept axis -> its counts) of the robust Results (provenance ``settings.sweep``)."""
+    found = []
+    for res in (res for results in runs.values() for res in results):
+        sweep = (res.provenance.get("settings") or {}).get("sweep") or {}
+        axes = {a: list(sweep[a]) for a in SWEEP_AXES if isinstance(sweep.get(a), list)}
+        if axes and axes not in found:
+            found.append(axes)
+    return found
+
+
+def sweep_text(runs: dict[str, list[Result]]) -> str | None:
+    """The paragraph that states a sweep's counts and which of them the tables show; None without one."""
+    sweeps = _sweeps(runs)
+    if not sweeps:
+        return None
+    swept = "; ".join(", ".join(f"{SWEEP_AXES[a]} {', '.join(map(str, c))}" for a, c in s.items()) for s in sweeps)
+    last = "; ".join(", ".join(f"{c[-1]} {SWEEP_AXES[a]}" for a, c in s.items()) for s in sweeps)
+    return (f"Attack sweep: {swept} (paired: every count attacks the same inputs with the same seeds). The table "
+            f"gives robust accuracy at the last counts ({last}; EOT samples apply to the eot and bpda+eot gradient "
+            "modes), the numbers to quote; every count's records are in report.json, the curves in "
+            "robust-convergence.png.")
+
+
+def _verdict_cell(v: dict[str, Any]) -> str:
+    state = "converged" if v["converged"] else "NOT converged"
+    if v.get("half_width") is None:
+        return f"{state} (deterministic)"
+    accs = " → ".join(f"{a:.3f}" for a in v["robust_accuracy"])
+    return f"{state}: {accs} (±{v['half_width']:.3f})"
+
+
+def convergence_table(runs: dict[str, list[Result]]) -> Table:
+    """Every model's convergence verdict per (norm, attack, gradient mode, K, epsilon, swept axis):
+    robust accuracy at each count and the last count's Wilson half-width (``extra["convergence"]``)."""
+    models = list(runs)
+    rows_by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for model, results in runs.items():
+        for res in results:
+            norm = res.records[0].get("norm") if res.records else None
+            for v in res.extra.get("convergence") or []:
+                if v.get("converged") is not None:
+                    key = (norm, v["attack"], v["grad_mode"], v["refine_steps"], v["epsilon"], v["axis"])
+                    rows_by_key.setdefault(key, {})[model] = v
+    rows = []
+    for (norm, attack, mode, k, eps, axis), by_model in rows_by_key.items():
+        counts = ", ".join(map(str, next(iter(by_model.values()))["counts"]))
+        rows.append([str(norm), attack, mode, str(k), fmt_key("epsilon", eps, {"norm": norm}), SWEEP_AXES[axis],
+                     counts, *[_verdict_cell(by_model[m]) if m in by_model else "-" for m in models]])
+    columns = ["norm", "attack", "gradient", "K", "epsilon", "swept", "counts"]
+    return Table(columns + models, rows, [[False] * (len(columns) + len(models)) for _ in rows],
+                 title=f"Attack convergence ({CONVERGED_CHECK}): robust accuracy at each count; not converged while "
+                       "it drops from the second-last count to the last by more than the last count's Wilson "
+                       "half-width (±)", label_columns=len(columns))
+
+
+def convergence_blocks(runs: dict[str, list[Result]]) -> list[Block]:
+    """The verdicts table and the ``attack_converged`` checklist items, each with the models it came
+    from (a failed one says "... not converged"); nothing where no sweep ran."""
+    table = convergence_table(runs)
+    by_message: dict[str, list[str]] = {}
+    for model, results in runs.items():
+        for c in (c for res in results for c in res.extra.get("checks") or []):
+            if c.get("check") == CONVERGED_CHECK:
+                by_message.setdefault(c["message"], []).append(model)
+    if not table.rows and not by_message:
+        return []
+    items = [f"{message} ({', '.join(models)})" for message, models in by_message.items()]
+    return [table] + ([Para(f"Checklist item `{CONVERGED_CHECK}`:"), Bullets(items)] if items else [])
 
 
 def model_table(models: list[ModelInfo]) -> Table:

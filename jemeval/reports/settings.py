@@ -27,7 +27,7 @@ from jemeval.evaluation.accuracy import evaluate
 from jemeval.evaluation.calibration import calibrate
 from jemeval.evaluation.generation import sample
 from jemeval.evaluation.ood.evaluate import DEFAULT_SCORES, evaluate_ood
-from jemeval.evaluation.robust.evaluate import DEFAULT_EPSILONS, MAX_EPSILON, robust
+from jemeval.evaluation.robust.evaluate import DEFAULT_EPSILONS, MAX_EPSILON, check_counts, robust
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import _plain
 
@@ -155,7 +155,22 @@ def resolve_options(*, preset: str, sections: Sequence[str], dataset: str, overr
         robust_options[ROBUST_NORMS_KEY] = norms = robust_norms(robust_options.get(ROBUST_NORMS_KEY, "l2"))
         if isinstance(robust_options.get("epsilons"), dict):  # per norm: keep the norms that run
             robust_options["epsilons"] = {k: v for k, v in robust_options["epsilons"].items() if k in norms}
+        check_sweep(robust_options)
     return resolved
+
+
+def check_sweep(options: Mapping[str, Any]) -> None:
+    """robust's ``eot_samples`` (a count or a sweep such as 1,4,16) and a ``steps`` sweep, checked as
+    robust checks them but before anything runs: a bad count is one line now, not a failed section
+    after every other section has been computed."""
+    for key in ("eot_samples", "steps"):
+        value = options.get(key)
+        if value is None or (key == "steps" and not isinstance(value, list)):
+            continue  # a single steps count goes to the attacks as it always did (they check it)
+        try:
+            check_counts(key, value)
+        except UsageError as exc:
+            raise UsageError(f"robust.{key}: {exc} (e.g. robust.{key}=1,4,16)", param="options") from None
 
 
 def robust_norms(norm: str | Sequence[str]) -> list[str]:
