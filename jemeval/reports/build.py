@@ -20,22 +20,24 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jemeval.atomic import write_text_atomic
 from jemeval.context import RunContext, takes_context
 from jemeval.errors import UsageError
 from jemeval.evaluation.inputs import recorded_dataset
-from jemeval.formats.load import is_model_source, load_model
+from jemeval.formats.load import load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
 from jemeval.provenance import file_sha256, provenance
-from jemeval.reports.cache import PRODUCTS, Entry, ReportFolder, claim_folder, load_entry, save_entry
+from jemeval.reports.cache import PRODUCTS, REPORT_SCHEMA, Entry, ReportFolder, claim_folder, load_entry, save_entry
+from jemeval.reports.compare import apply_holm, compare, decided
 from jemeval.reports.document import to_html, to_markdown
 from jemeval.reports.figures import draw_figures, is_figure_name
-from jemeval.reports.page import ModelInfo, report_blocks
+from jemeval.reports.groups import aggregate, check_distinct_runs, default_names, model_groups, run_names
+from jemeval.reports.page import ModelInfo, report_blocks, shown_records
 from jemeval.reports.sections import failure, run_section
 from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
+from jemeval.reports.summary import choices, forward_passes, section_cost, summary_record, summary_values, training_cost
 from jemeval.results import Result
 from jemeval.runtime import distributed as D
 from jemeval.runtime.devices import resolve_device
@@ -57,42 +59,31 @@ class ReportResult(Result):
     paths: dict[str, Any] = field(default_factory=dict)
 
 
-def default_names(paths: Sequence[str]) -> list[str]:
-    """runs/digits/best.pt -> "digits" (the run folder), other files -> their stem; clashes get a number."""
-    names = [Path(p).parent.name if Path(p).stem in ("best", "last") and Path(p).parent.name else Path(p).stem
-             for p in paths]
-    return [f"{n} ({i + 1})" if names.count(n) > 1 else n for i, n in enumerate(names)]
+__all__ = ["ReportResult", "default_names", "report"]
 
 
-def model_list(models: Any, names: Sequence[str] | None) -> list[tuple[str, str]]:
-    """(name, checkpoint path) for ``models``: a path, a list of paths, or a mapping name -> path."""
-    if isinstance(models, Mapping):
-        if names is not None:
-            raise UsageError("names: the models are given as a mapping of names to paths already", param="names")
-        names, paths = [str(k) for k in models], [str(v) for v in models.values()]
-    else:
-        paths = [str(models)] if isinstance(models, (str, os.PathLike)) else [str(m) for m in models]
-    if not paths:
-        raise UsageError("models is empty; give one or more checkpoints", param="models")
-    names = default_names(paths) if names is None else [str(n) for n in names]
-    if len(names) != len(paths):
-        raise UsageError(f"names gives {len(names)} name(s) for {len(paths)} model(s); give one per model",
-                         param="names")
-    if len(set(names)) != len(names):
-        raise UsageError(f"names must differ, got {names}", param="names")
-    for p in paths:
-        if not Path(p).is_file() and not is_model_source(p):
-            raise UsageError(f"model {p!r} is not a file; give checkpoint files (e.g. runs/digits/best.pt) or "
-                             "model sources (timm:NAME, torchvision:NAME, ...)", param="models")
-    return list(zip(names, paths))
-
-
-def describe(name: str, path: str) -> ModelInfo:
-    """The checkpoint's hash, architecture and training dataset (it is loaded once, on the CPU, to check
-    it); a model source (``timm:NAME``, ...) is identified by the hash of the weights file it read."""
+def describe(name: str, path: str, group: str | None = None) -> ModelInfo:
+    """The checkpoint's hash, architecture, training dataset and training cost (it is loaded once, on
+    the CPU, to check it); a model source (``timm:NAME``, ...) is identified by the hash of the
+    weights file it read. ``group``: the model (seed group) the run belongs to, when not itself."""
     model = load_model(path, device="cpu")
     sha256 = (model.metadata.get("checkpoint") or {}).get("sha256") or file_sha256(path)
-    return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"))
+    return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"),
+                     group=group or name, training=training_cost(model.metadata))
+
+
+def describe_groups(models: Any, names: Sequence[str] | None) -> list[ModelInfo]:
+    """Every run of every model (seed group), described; a group listing one checkpoint twice, or
+    whose runs' names clash with another model's, is refused in one line."""
+    groups = model_groups(models, names)
+    infos = [describe(run, path, name) for name, paths in groups for run, path in zip(run_names(name, paths), paths)]
+    runs = [m.name for m in infos]
+    if len(set(runs)) != len(runs):
+        clash = sorted({r for r in runs if runs.count(r) > 1})
+        raise UsageError(f"names: a seed group's runs are named NAME #i, and {clash} is also another model's name; "
+                         "rename it", param="names")
+    check_distinct_runs({name: [m for m in infos if m.group == name] for name, _ in groups})
+    return infos
 
 
 def common_dataset(models: list[ModelInfo]) -> str:
@@ -195,9 +186,8 @@ def report(
     ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
     provenance. Returns a :class:`ReportResult`; files are described in the module docstring.
     """
-    pairs = model_list(models, names)
     chosen = resolve_sections(sections)
-    infos = [describe(name, path) for name, path in pairs]
+    infos = describe_groups(models, names)
     dataset = data or common_dataset(infos)
     overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma,
                  "refine_steps": refine_steps, "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons,
@@ -211,8 +201,8 @@ def report(
     entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
     prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
-        "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset}
-                   for m in infos]})
+        "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,
+                    **({"group": m.group} if m.group != m.name else {})} for m in infos]})
     if config is not None:
         prov["config"] = dict(config)
     if not main:
@@ -223,6 +213,11 @@ def report(
     return write_report(folder, infos, plan, entries, prov, preset=preset)
 
 
+def labels(m: ModelInfo, size: int) -> dict[str, str]:
+    """The keys naming a run in report.json: its model, and the run itself in a seed group of several."""
+    return {"model": m.model} if size == 1 else {"model": m.model, "run": m.name}
+
+
 def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
                  entries: dict[tuple[str, str], Entry], prov: dict[str, Any], *, preset: str) -> ReportResult:
     """Assemble the records, draw the figures, write report.md/.html/.json; the ReportResult. Its
@@ -231,28 +226,32 @@ def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, 
     outcomes: dict[str, dict[str, list[Result]]] = {s: {} for s in plan}
     errors: dict[str, dict[str, str]] = {s: {} for s in plan}
     records, runs, failed, status, recomputed = [], [], [], [], []
+    sizes = {m.model: sum(1 for o in models if o.model == m.model) for m in models}
     for section in plan:
         for m in models:
-            entry = entries[(m.name, section)]
+            entry, named = entries[(m.name, section)], labels(m, sizes[m.model])
             state = "failed" if entry.error else "cached" if entry.cached else "computed"
             status.append({"model": m.name, "section": section, "status": state, "seconds": entry.seconds})
             if entry.note:
                 recomputed.append(f"{m.name} / {section}: {entry.note}")
             if entry.error:
                 errors[section][m.name] = entry.error
-                failed.append({"section": section, "model": m.name, "error": entry.error})
+                failed.append({"section": section, **named, "error": entry.error})
                 continue
             outcomes[section][m.name] = entry.runs
             for result in entry.runs:
-                records += [{"section": section, "model": m.name, **r} for r in result.records]
-                runs.append({"section": section, "model": m.name, "seconds": entry.seconds,
+                records += [{"section": section, **named, **r} for r in result.records]
+                runs.append({"section": section, **named, "seconds": entry.seconds,
                              **{k: v for k, v in result.to_dict().items() if k != "records"}})
+    analysis = analyse(models, plan, outcomes, entries, seed=int(prov.get("seed") or 0))
     figures = draw_figures(folder, outcomes)
-    title = "jemeval report: " + " vs ".join(m.name for m in models)
+    title = "jemeval report: " + " vs ".join(dict.fromkeys(m.model for m in models))
     blocks = report_blocks(title=title, preset=preset, models=models, plan=plan, outcomes=outcomes, errors=errors,
-                           figures=figures, provenance=prov, out=out)
-    notes = [f"{f['model']} / {f['section']}: failed: {f['error']}" for f in failed] + recomputed
-    result = ReportResult(records, prov, extra={"runs": runs, "errors": failed}, notes=notes,
+                           figures=figures, provenance=prov, out=out, analysis=analysis)
+    notes = [f"{f.get('run', f['model'])} / {f['section']}: failed: {f['error']}" for f in failed] + recomputed
+    extra = {"schema": REPORT_SCHEMA, "runs": runs, "errors": failed,
+             **{k: analysis[k] for k in ("groups", "comparisons", "summary", "cost")}}
+    result = ReportResult(records, prov, extra=extra, notes=notes,
                           results={m.name: {s: outcomes[s][m.name] for s in plan if m.name in outcomes[s]}
                                    for m in models},
                           errors={m.name: {s: errors[s][m.name] for s in plan if m.name in errors[s]} for m in models},
@@ -265,3 +264,47 @@ def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, 
     result.save_json(folder.target("report.json"))
     result.paths = paths
     return result
+
+
+def analyse(models: list[ModelInfo], plan: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, list[Result]]],
+            entries: dict[tuple[str, str], Entry], *, seed: int) -> dict[str, Any]:
+    """What the report adds to the sections' numbers: each model's (group) records, the paired tests
+    between models (Holm over all of them) and the rows they let the page bold, the cost of every
+    number, and the summary row per model. The keys ``groups``, ``comparisons``, ``summary`` and
+    ``cost`` go into report.json as they are."""
+    groups = list(dict.fromkeys(m.model for m in models))
+    members = {g: [m for m in models if m.model == g] for g in groups}
+    shown = {s: {g: aggregate(s, {m.name: shown_records(s, outcomes[s][m.name]) for m in members[g]
+                                  if m.name in outcomes[s]}) for g in groups
+                 if any(m.name in outcomes[s] for m in members[g])} for s in plan}
+    comparisons = [c for s in plan for c in compare(
+        s, {g: [outcomes[s][m.name] for m in members[g] if m.name in outcomes[s]] for g in shown[s]}, shown[s],
+        seed=seed)]
+    apply_holm(comparisons)
+    cost = {"sections": [section_cost(s, m.model, m.name, entries[(m.name, s)].seconds, outcomes[s][m.name])
+                         for s in plan for m in models if m.name in outcomes[s]],
+            "forward_passes": [p for s in ("accuracy", "robust") if s in plan for g in shown[s]
+                               for p in forward_passes(s, g, outcomes[s][members[g][0].name]
+                                                       if members[g][0].name in outcomes[s] else [])],
+            "training": [{**labels(m, len(members[m.model])), **m.training} for m in models]}
+    summary = [summary_row(g, members[g], {s: shown[s].get(g, []) for s in plan}, outcomes, plan, cost)
+               for g in groups]
+    return {"groups": {"models": [{"model": g, "runs": [{"run": m.name, "checkpoint": m.path, "sha256": m.sha256}
+                                                         for m in members[g]]} for g in groups],
+                       "records": [{"section": s, "model": g, **r} for s in plan for g in shown[s]
+                                   for r in shown[s][g] if len(members[g]) > 1]},
+            "comparisons": comparisons, "summary": summary, "cost": cost, "shown": shown,
+            "decided": {s: decided(s, shown[s], comparisons) for s in plan}}
+
+
+def summary_row(group: str, runs: list[ModelInfo], shown: dict[str, list[dict[str, Any]]],
+                outcomes: dict[str, dict[str, list[Result]]], plan: dict[str, dict[str, Any]],
+                cost: dict[str, Any]) -> dict[str, Any]:
+    """The group's summary row: choices made on its group records, the numbers read from each run."""
+    choice = choices(shown, plan)
+    section = "robust" if "robust" in plan else "accuracy"
+    passes = {p["refine_steps"]: p["forward_passes"] for p in cost["forward_passes"]
+              if p["model"] == group and p["section"] == section}
+    per_run = [summary_values({s: shown_records(s, outcomes[s][m.name]) for s in plan if m.name in outcomes[s]},
+                              choice, passes, m.training) for m in runs]
+    return summary_record(group, choice, per_run)

@@ -48,6 +48,11 @@ FORMAT = "jemeval-report-cache/2"
 LEGACY_FORMATS = ("jemeval-report-cache/1", FORMAT)
 MANIFEST = ".jemeval-report.json"
 MANIFEST_FORMAT = "jemeval-report-folder/1"
+#: the version of report.json's layout (its JSON Schema: reports/schema/report.schema.json); a report.json
+#: written before 0.3 has no "schema" key and the same layout
+REPORT_SCHEMA = "jemeval-report/1"
+#: the leaderboard exports (:mod:`jemeval.reports.exports`) a report writes beside its products
+EXPORT_NAMES = re.compile(r"openood\.csv|robustbench-[A-Za-z0-9_][A-Za-z0-9._-]*\.json")
 ENTRY_JSON = re.compile(r"([a-z]+)-([0-9a-f]{16})\.json")
 ENTRY_NPZ = re.compile(r"[a-z]+-[0-9a-f]{16}-\d+-[A-Za-z_][A-Za-z0-9_]*\.npz")
 #: the temporary files jemeval.atomic leaves in each folder when killed mid-write
@@ -201,7 +206,9 @@ def read_manifest(out: Path) -> set[str]:
 
 def _listable(rel: str) -> bool:
     sub, _, name = rel.rpartition("/")
-    return rel in PRODUCTS if not sub else sub in (CACHE, FIGURES) and name not in ("", ".", "..") and "/" not in name
+    if not sub:
+        return rel in PRODUCTS or EXPORT_NAMES.fullmatch(rel) is not None
+    return sub in (CACHE, FIGURES) and name not in ("", ".", "..") and "/" not in name
 
 
 def managed_entries(out: Path) -> list[str]:

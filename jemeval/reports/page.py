@@ -9,13 +9,15 @@ came from the cache, so a resumed report reads exactly like an uninterrupted one
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jemeval.evaluation.ood.evaluate import METRIC_NOTE
 from jemeval.evaluation.robust.checks import SWEEP_AXES, final_records
+from jemeval.reports.compare import comparison_table
 from jemeval.reports.document import Block, Bullets, Figure, Folded, Heading, Para
+from jemeval.reports.summary import cost_tables, summary_table
 from jemeval.reports.tables import Table, fmt_key, section_tables
 from jemeval.results import Result
 
@@ -27,6 +29,12 @@ class ModelInfo:
     sha256: str
     arch: str | None
     dataset: str | None
+    group: str | None = None  # the model (seed group) this run belongs to; None: itself
+    training: dict[str, Any] = field(default_factory=dict)  # the training cost its checkpoint records
+
+    @property
+    def model(self) -> str:
+        return self.group or self.name
 
 
 SECTION_TEXT = {
@@ -82,15 +90,22 @@ def _notes(runs: dict[str, list[Result]], skip: str) -> list[str]:
 
 
 def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[Result]], errors: dict[str, str],
-                   figures: list[tuple[Path, str, str | None]], out: Path) -> list[Block]:
+                   figures: list[tuple[Path, str, str | None]], out: Path,
+                   analysis: dict[str, Any] | None = None) -> list[Block]:
+    """A section's blocks; with the report's ``analysis`` (jemeval.reports.build.analyse) its tables show
+    each model's group records and bold only what the paired tests decided, followed by those tests."""
     heading, text = SECTION_TEXT[section]
     sizes = _sizes(section, runs)
     blocks: list[Block] = [Heading(2, heading), Para(text), Para("Options: " + (_options(options) or "defaults")
                                                                 + (f". Examples: {sizes}." if sizes else "."))]
-    per_model = {m: shown_records(section, results) for m, results in runs.items()}
-    tables: list[Table] = section_tables(section, per_model) if per_model else []
+    per_model = ({m: shown_records(section, results) for m, results in runs.items()} if analysis is None
+                 else analysis["shown"][section])
+    tables: list[Table] = (section_tables(section, per_model, None if analysis is None else
+                                          analysis["decided"][section]) if per_model else [])
     sweep = sweep_text(runs) if section == "robust" else None
     blocks += ([Para(sweep)] if sweep else []) + [t for t in tables if t.rows]
+    tests = comparison_table(section, analysis["comparisons"]) if analysis else None
+    blocks += [tests] if tests else []
     if section == "robust":
         blocks += convergence_blocks(runs)
     if errors:
@@ -208,14 +223,26 @@ def provenance_blocks(provenance: dict[str, Any]) -> list[Block]:
 
 def report_blocks(*, title: str, preset: str, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
                   outcomes: dict[str, dict[str, list[Result]]], errors: dict[str, dict[str, str]],
-                  figures: dict[str, list], provenance: dict[str, Any], out: Path) -> list[Block]:
-    blocks: list[Block] = [
-        Heading(1, title),
-        Para(f"Written by `jemeval report` (preset `{preset}`, sections {', '.join(plan)}). Models are the columns "
-             "of every table; the best value of each row is in **bold** (↑: higher is better, ↓: lower is better)."),
-        model_table(models),
-    ]
+                  figures: dict[str, list], provenance: dict[str, Any], out: Path,
+                  analysis: dict[str, Any] | None = None) -> list[Block]:
+    grouped = GROUPED if any(m.model != m.name for m in models) else ""
+    blocks: list[Block] = [Heading(1, title), Para(INTRO.format(preset=preset, sections=", ".join(plan),
+                                                                grouped=grouped)), model_table(models)]
+    summary = summary_table(analysis["summary"]) if analysis else None
+    blocks += [summary] if summary else []
     for section, options in plan.items():
         blocks += section_blocks(section, options, outcomes.get(section, {}), errors.get(section, {}),
-                                 figures.get(section, []), out)
+                                 figures.get(section, []), out, analysis)
+    if analysis:
+        blocks += [Heading(2, "Cost"), Para(COST_TEXT), *cost_tables(analysis["cost"])]
     return blocks + provenance_blocks(provenance)
+
+
+INTRO = ("Written by `jemeval report` (preset `{preset}`, sections {sections}). Models are the columns of every "
+         "table (↑: higher is better, ↓: lower is better){grouped}. A value is in **bold** only where a paired "
+         "test on the same inputs found it better than the next-best model at the 0.05 level after Holm's "
+         "correction over every test of the report; rows without a test (no per-input outcomes) bold nothing.")
+GROUPED = "; a seed group shows `mean +- sd (n seeds)` over its runs (sd: n - 1 in the denominator)"
+COST_TEXT = ("What each number cost: the seconds of each section's computation on the device named (a cached "
+             "section keeps the seconds of the run that computed it), the forward passes each prediction needs, "
+             "and the training cost the checkpoints record.")

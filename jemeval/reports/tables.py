@@ -51,6 +51,11 @@ SPECS: dict[str, Spec] = {
                                            ("mean_log_px", "mean log p~(x)", None)], only={"class": "all"}),
 }
 ARROWS = {"max": " ↑", "min": " ↓", None: ""}
+#: what a seed group's record adds (jemeval.reports.groups.mean_record): never a metric of its own
+GROUP_KEYS = ("mean", "sd", "values", "n_seeds", "runs", "run")
+#: (row key, metric) -> the one model whose value a paired test (Holm) found better than the next, or
+#: None where the test found no difference: the only rows where a value is bolded as the best
+Decided = dict[tuple[tuple, str], str | None]
 
 
 @dataclass
@@ -97,7 +102,7 @@ def metrics_of(spec: Spec, records: Sequence[dict[str, Any]]) -> list[Metric]:
     present = {k for r in records for k in r}
     chosen = [m for m in spec.metrics if m[0] in present]
     if spec.extra_metrics:
-        known = {m[0] for m in spec.metrics} | {k for k, _ in spec.keys} | set(spec.bookkeeping)
+        known = {m[0] for m in spec.metrics} | {k for k, _ in spec.keys} | set(spec.bookkeeping) | set(GROUP_KEYS)
         for r in records:
             for k, v in r.items():
                 if (k not in known and not k.endswith(("_lo", "_hi")) and isinstance(v, (int, float))
@@ -117,8 +122,12 @@ def best_marks(values: list[Any], better: str | None) -> list[bool]:
     return [v == best for v in numbers]
 
 
-def section_tables(section: str, per_model: dict[str, list[dict[str, Any]]]) -> list[Table]:
-    """The comparison table(s) of ``section``: ``per_model`` maps each model name to its records."""
+def section_tables(section: str, per_model: dict[str, list[dict[str, Any]]],
+                   decided: Decided | None = None) -> list[Table]:
+    """The comparison table(s) of ``section``: ``per_model`` maps each model name to its records
+    (a seed group's: :func:`jemeval.reports.groups.aggregate`). With ``decided`` (the report's paired
+    tests) a value is bold only where its test found it better than the next; without, the best
+    value per row as shown."""
     spec = SPECS[section]
     models = list(per_model)
     per_model = {m: [r for r in rs if all(r.get(k) == v for k, v in spec.only.items())] for m, rs in per_model.items()}
@@ -129,9 +138,9 @@ def section_tables(section: str, per_model: dict[str, list[dict[str, Any]]]) -> 
     metrics = metrics_of(spec, [r for rs in per_model.values() for r in rs])
     labels = [label for _, label in spec.keys]
     if spec.per_metric:
-        return [_table(rows_by_key, models, spec, [metric], labels, title=metric[1] + _direction(metric[2]))
-                for metric in metrics]
-    return [_table(rows_by_key, models, spec, metrics, [*labels, "metric"])]
+        return [_table(rows_by_key, models, spec, [metric], labels, title=metric[1] + _direction(metric[2]),
+                       decided=decided) for metric in metrics]
+    return [_table(rows_by_key, models, spec, metrics, [*labels, "metric"], decided=decided)]
 
 
 def _direction(better: str | None) -> str:
@@ -142,9 +151,10 @@ def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _table(rows_by_key, models, spec: Spec, metrics: list[Metric], columns: list[str], title=None) -> Table:
+def _table(rows_by_key, models, spec: Spec, metrics: list[Metric], columns: list[str], title=None,
+           decided: Decided | None = None) -> Table:
     rows, best = [], []
-    for by_model in rows_by_key.values():
+    for row, by_model in rows_by_key.items():
         first = next(iter(by_model.values()))
         keys = [fmt_key(k, first.get(k), first) for k, _ in spec.keys]
         for key, label, better in metrics:
@@ -153,13 +163,19 @@ def _table(rows_by_key, models, spec: Spec, metrics: list[Metric], columns: list
             values = [by_model.get(m, {}).get(key) for m in models]
             if all(v is None for v in values):
                 continue
-            cells = [_cell(by_model.get(m, {}), key) for m in models]
+            cells = [cell(by_model.get(m, {}), key) for m in models]
             rows.append(keys + ([] if spec.per_metric else [label + ARROWS[better]]) + cells)
-            best.append([False] * len(columns) + best_marks(values, better))
+            marks = (best_marks(values, better) if decided is None or better is None
+                     else [m == decided.get((row, key)) for m in models])
+            best.append([False] * len(columns) + marks)
     return Table(columns + models, rows, best, title, label_columns=len(columns))
 
 
-def _cell(record: dict[str, Any], key: str) -> str:
+def cell(record: dict[str, Any], key: str) -> str:
+    """A value as the tables show it: with its interval, or ``mean +- sd (n seeds)`` for a seed group."""
     text = fmt(record.get(key))
+    n, sd = record.get("n_seeds"), (record.get("sd") or {}).get(key) if isinstance(record.get("sd"), dict) else None
+    if isinstance(n, int) and n > 1 and text != MISSING:  # a seed group: mean +- sd over its runs
+        return f"{text} +- {fmt(sd)} ({n} seeds)" if isinstance(sd, (int, float)) else f"{text} ({n} seeds)"
     span = interval(record, key)
     return f"{text} [{span[0]:.3f}, {span[1]:.3f}]" if span and text != MISSING else text

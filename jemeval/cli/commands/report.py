@@ -65,14 +65,22 @@ def with_chain_sigma(options: dict[str, dict], chain_sigma: float | None) -> dic
     return options
 
 
+def export_option(ctx, param, value):
+    """--export: the leaderboard formats, checked before anything is computed (a typo is one line)."""
+    from jemeval.reports.exports import export_formats
+
+    return None if value is None else export_formats(value)
+
+
 @click.command("report", cls=Command)
 @config_option
 @input_path_option("--model", "models", what="an input checkpoint", multiple=True, required=True,
                    help="A checkpoint to evaluate; repeat for each model (e.g. --model runs/digits/best.pt "
-                        "--model runs/digits-baseline/best.pt).")
+                        "--model runs/digits-baseline/best.pt). A quoted glob ('runs/jem-s*/best.pt') is a seed "
+                        "group: one model, shown as mean +- sd over its runs.")
 @click.option("--name", "names", multiple=True,
-              help="The model's name in the tables, once per --model in the same order. Default: the run folder "
-                   "(runs/digits/best.pt -> digits).")
+              help="The model's name in the tables, once per --model in the same order; one --name for several "
+                   "--model makes them one seed group. Default: the run folder (runs/digits/best.pt -> digits).")
 @click.option("--preset", type=click.Choice(["quick", "paper"]), default="quick", show_default=True,
               help="quick: minutes on a CPU for digits; paper: the JEM paper's settings (sigma 0.03, K = 0,1,10, "
                    "every OOD set, PGD 100 steps x 20 restarts on 300 images, L2 and Linf).")
@@ -103,10 +111,14 @@ def with_chain_sigma(options: dict[str, dict], chain_sigma: float | None) -> dic
               help="Any other option of a section's function, e.g. robust.grad_mode=bpda, samples.steps=200, "
                    "ood.bootstrap=200; repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json (records + provenance) on stdout.")
+@click.option("--export", "export", default=None, metavar="FORMATS", callback=export_option,
+              help="Also write the leaderboards' formats into the report folder, comma-separated: openood "
+                   "(openood.csv, OpenOOD v1.5's columns) and/or robustbench (robustbench-<model>.json, "
+                   "RobustBench's model_info). A value the report does not hold is null, with a note.")
 @nproc_option
 @run_options(batch_size=None)
 def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain_sigma, refine_steps, ood, scores, norm,
-        epsilons, attacks, options, as_json, context):
+        epsilons, attacks, options, as_json, export, context):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
 
     Runs jemeval eval, calibrate, ood, robust and sample for every model on the same data, seeds
@@ -119,6 +131,8 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
     Example:
       jemeval report --model runs/digits/best.pt --model runs/digits-baseline/best.pt \\
           --name JEM --name baseline --out runs/report
+      jemeval report --model 'runs/jem-s*/best.pt' --name JEM \\
+          --model 'runs/base-s*/best.pt' --name baseline --out runs/report
     """
     from jemeval.reports.build import report
 
@@ -133,12 +147,19 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
         attacks=None if attacks is None else split_attack_specs(attacks),
         options=with_chain_sigma(parse_set(options), chain_sigma), config=config_provenance(), context=context,
     )
+    exported = []
+    if export:  # before anything is printed: a refused export is the one line printed
+        from jemeval.reports.exports import write_exports
+
+        exported = write_exports(result.paths["dir"], export)
     if as_json:
         click.echo(result.to_json())
     else:
         click.echo(text_table(result.status, ["model", "section", "status", "seconds"], ".1f"))
     for key in ("markdown", "html", "json"):
         click.echo(f"wrote {result.paths[key]}", err=True)
+    for path in exported:
+        click.echo(f"wrote {path}", err=True)
     if result.extra["errors"]:
         failed = "; ".join(f"{e['model']} / {e['section']}: {e['error']}" for e in result.extra["errors"])
         raise click.ClickException(f"the report was written to {result.paths['dir']}, but "
