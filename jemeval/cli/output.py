@@ -14,6 +14,7 @@ positional OUT); every extra file has its own named option (``--result``, ``--cs
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -89,6 +90,12 @@ def record_config(result) -> None:
         result.provenance["config"] = config
 
 
+def without_per_input(result_json: dict[str, Any]) -> dict[str, Any]:
+    """A result's JSON without its ``per_input`` extra: one value per evaluated input (the report's
+    paired tests), kept in Python results, ``--out`` files and the report cache, too long for stdout."""
+    return {k: v for k, v in result_json.items() if k != "per_input"}
+
+
 def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=None, columns=None, title=None):
     """Print a :class:`~jemeval.results.Result` and save the requested files. A command run with
     ``--config FILE`` records the file and every resolved option in ``provenance["config"]``. Rank 0
@@ -103,7 +110,7 @@ def emit(result, *, as_json=False, csv_path=None, as_markdown=False, out_path=No
         result.save_csv(csv_path, columns)
         click.echo(f"wrote {csv_path}", err=True)
     if as_json:
-        click.echo(result.to_json())
+        click.echo(json.dumps(without_per_input(result.to_dict()), indent=2))
         return
     if as_markdown:
         click.echo(result.to_markdown(columns))

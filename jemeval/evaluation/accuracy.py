@@ -60,7 +60,8 @@ def evaluate(
     JEM's: step size 1.0, noise 0.01); ``sgld_step_size``/``sgld_noise`` override them. Every
     setting is recorded in the provenance (``settings.refinement``, per K). ``seed``, ``device``,
     ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
-    :class:`~jemeval.context.RunContext`.
+    :class:`~jemeval.context.RunContext`. ``extra["per_input"]``: per K, ``{"refine_steps": K, "correct":
+    [bool per input]}``, the inputs in the seeded subset's order (the report's paired tests).
     """
     steps_list = check_refine_steps(refine_steps)
     check_min("chains", chains, 1)
@@ -73,6 +74,7 @@ def evaluate(
     check_input_shape(model, ds, data)
 
     records: list[dict[str, Any]] = []
+    per_input: list[dict[str, Any]] = []  # per K, which inputs are classified correctly (paired tests)
     refinement_settings: dict[str, Any] = {}
     for k in steps_list:
         classifier, settings = _classifier(model, k, chains=chains, chain_sigma=chain_sigma, step_size=sgld_step_size,
@@ -82,6 +84,7 @@ def evaluate(
                           desc=f"eval {data}" + (f" (K={k})" if k else ""))
         records.append({"data": data, "split": split, "refine_steps": k, **accuracy_and_nll(out, data),
                         "sigma": float(input_sigma)})
+        per_input.append({"refine_steps": k, "correct": correct_per_input(out)})
         refinement_settings[str(k)] = settings
     note = no_test_split_note(data, ds)
     return Result(records, stamp("eval", model, context, {
@@ -89,7 +92,7 @@ def evaluate(
         "noise_seed": int(context.seed) if input_sigma > 0 else None, "seed": int(context.seed),
         "batch_size": context.batch(DEFAULT_BATCH_SIZE), "refine_steps": steps_list,
         "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
-    }), notes=[note] if note else [])
+    }), extra={"per_input": per_input}, notes=[note] if note else [])
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:
@@ -102,6 +105,13 @@ def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:
     probs = softmax64(out.logits)
     return {"accuracy": float(np.mean(probs.argmax(axis=1) == out.labels)), "nll": nll_metric(probs, out.labels),
             "n": len(out.labels)}
+
+
+def correct_per_input(out: BatchOutputs) -> list[bool]:
+    """Whether each input (in the order of the seeded subset, the same for every model) is classified
+    correctly, as :func:`accuracy_and_nll` counts it: the exact McNemar test of
+    :mod:`jemeval.reports.compare` pairs two models' lists input by input."""
+    return (softmax64(out.logits).argmax(axis=1) == out.labels).tolist()
 
 
 def _classifier(model, steps: int, *, chains: int, chain_sigma: float, step_size, noise, seed: int):

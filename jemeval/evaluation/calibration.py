@@ -214,7 +214,8 @@ def calibrate(
     named, plugin metrics too), accuracy, n, bins (the reliability table, in ``bins_strategy`` bins:
     "uniform" or "equal-mass"; recorded in the settings). ``input_sigma``: noise added to every input.
     ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
-    :class:`~jemeval.context.RunContext`. Figure: :func:`jemeval.plots.calibration.plot_calibration_result`."""
+    :class:`~jemeval.context.RunContext`. ``extra["per_input"]``: :func:`per_input_outcomes`. Figure:
+    :func:`jemeval.plots.calibration.plot_calibration_result`."""
     check_min("bins", int(bins), 1)
     check_input_sigma(input_sigma)
     check_bins_strategy(bins_strategy)
@@ -249,7 +250,19 @@ def calibrate(
         notes += fit_notes + more_notes
     records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
                for r in records]
-    return Result(records, stamp("calibrate", model, context, settings), notes=notes)
+    return Result(records, stamp("calibrate", model, context, settings),
+                  extra={"per_input": per_input_outcomes(records, out)}, notes=notes)
+
+
+def per_input_outcomes(records: list[dict[str, Any]], out) -> list[dict[str, Any]]:
+    """Per record, the float64 probabilities softmax(logits / T) of the evaluated inputs at the
+    record's temperature (1 for "none") and their labels, in the seeded subset's order: what the
+    report's paired bootstrap of ECE and NLL resamples (:mod:`jemeval.reports.compare`). Kept at full
+    float64 precision (the JSON round-trips them exactly), so a difference it computes is the one the
+    records show."""
+    labels = np.asarray(out.labels).reshape(-1).tolist()
+    return [{"calibration": r["calibration"], "probs": softmax64(out.logits, r["temperature"]).tolist(),
+             "labels": labels} for r in records]
 
 
 def temperature_scaled(out, val, *, bins: int, metrics, data: str, strategy: str = "uniform"):

@@ -10,8 +10,9 @@ that two separate intervals hide (:mod:`jemeval.evaluation.paired`):
 * FPR95 per (score, OOD set): paired bootstrap (``N_BOOT`` resamples, the report's seed);
 * accuracy, robust accuracy (exact McNemar) and ECE, NLL (paired bootstrap): from a Result's
   ``extra["per_input"]``, a list of ``{<the row's setting keys>, "correct": [...]}`` (accuracy,
-  robust) or ``{..., "probs": [[...]], "labels": [...]}`` (calibration). Today's accuracy, calibration
-  and robust Results carry no per-input outcomes, so their rows get no test (the page says so).
+  robust) or ``{..., "probs": [[...]], "labels": [...]}`` (calibration), which ``evaluate``,
+  ``calibrate`` and ``robust`` keep (the report's cache and report.json's runs hold them). A cached
+  entry without them (an earlier build) gives its rows no test until ``--force``.
 
 A seed group is tested on pooled per-input outcomes, stated in each record: DeLong and McNemar on
 the seed pairs' outcomes concatenated (run i of A against run i of B), the bootstrap on the

@@ -157,9 +157,11 @@ def config_record(parts: Parts, position: RunPosition) -> dict[str, Any]:
 
 
 def run_provenance(parts: Parts, position: RunPosition, **training: Any) -> dict[str, Any]:
+    """The checkpoint's provenance; ``training`` says where the run stood, with ``elapsed`` (training
+    seconds over every session so far, unless ``training`` gives its own): the report's training cost."""
     record = provenance(command="train", device=parts.device, seed=parts.config.seed,
                         settings=config_record(parts, position))
-    record["training"] = {"epoch": position.epoch, "step": position.step, **training}
+    record["training"] = {"epoch": position.epoch, "step": position.step, "elapsed": position.elapsed, **training}
     return record
 
 
@@ -211,14 +213,18 @@ def save_last(parts: Parts, position: RunPosition, metrics_rows: list[dict]) -> 
     return path
 
 
-def save_best(parts: Parts, position: RunPosition, val_acc: float | None, train_acc: float) -> Path:
-    """Write best.pt (rank 0; a collective under DDP like :func:`save_last`)."""
+def save_best(parts: Parts, position: RunPosition, val_acc: float | None, train_acc: float, *,
+              elapsed: float | None = None) -> Path:
+    """Write best.pt (rank 0; a collective under DDP like :func:`save_last`). ``elapsed``: the training
+    seconds so far, this epoch's included (the caller's clock; default ``position.elapsed``)."""
     buffer = _gathered_buffer(parts)
     path = parts.out / "best.pt"
+    seconds = position.elapsed if elapsed is None else float(elapsed)
     if parts.ctx.is_main:
         save_checkpoint(path, parts.model, dataset=parts.config.dataset, replay_buffer=buffer,
                         config=config_record(parts, position),
-                        provenance=run_provenance(parts, position, val_acc=val_acc, train_acc=train_acc))
+                        provenance=run_provenance(parts, position, val_acc=val_acc, train_acc=train_acc,
+                                                  elapsed=seconds))
     D.barrier()
     return path
 

@@ -320,7 +320,8 @@ class Trainer:
         position.next_epoch()
         if val_acc is None or position.best_val_acc is None or val_acc > position.best_val_acc:
             position.best_val_acc, position.best_epoch = val_acc, position.epoch
-            save_best(parts, position, val_acc, means["train_acc"])
+            save_best(parts, position, val_acc, means["train_acc"],
+                      elapsed=position.elapsed + (time.perf_counter() - started))  # this epoch's time included
         self._save_grids()
         seconds = prior + (time.perf_counter() - started)
         position.elapsed += time.perf_counter() - started

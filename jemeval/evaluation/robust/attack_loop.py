@@ -141,6 +141,10 @@ def is_minimization(attack: Attack) -> bool:
     return attack.minimization
 
 
+#: the keys of a robust record that name its row (jemeval.reports.tables.SPECS["robust"])
+OUTCOME_KEYS = ("norm", "attack", "grad_mode", "refine_steps", "epsilon")
+
+
 # -- the defence and one run -----------------------------------------------------------------------
 @dataclass
 class Defence:
@@ -363,9 +367,10 @@ def minimal_perturbations(defence: Defence, run: Run, data: Batches, min_pert: t
     }
 
 
-def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches, *,
-                progress: ProgressArg = None) -> tuple[list[dict], list[dict], list[str]]:
-    """Every run on every batch: (records, minimal perturbations, notes).
+def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches, *, progress: ProgressArg = None,
+                outcomes: list[dict] | None = None) -> tuple[list[dict], list[dict], list[str]]:
+    """Every run on every batch: (records, minimal perturbations, notes). ``outcomes``, when given,
+    gets one entry per record (same order): its row keys and ``correct``, which inputs are robust.
 
     The progress has one step per clean-prediction batch and per attacked batch; a
     :class:`Heartbeat` moves it inside each attack call.
@@ -386,4 +391,8 @@ def run_attacks(defence: Defence, runs: list[Run], ks: list[int], data: Batches,
                 notes.append(f"{run.name} K={run.refine_steps}{sweep_counts(run)}: {without_start} input(s) had no "
                              "adversarial starting point and were not attacked")
             records += run_records(defence, run, data, correct_adv, is_clean, median, seconds)
+            if outcomes is not None:  # the E x N outcome the records count, for the report's paired tests
+                robust = (correct_adv.all(0) & is_clean.unsqueeze(0)).cpu()
+                outcomes += [{**{k: r[k] for k in OUTCOME_KEYS}, "correct": row.tolist()}
+                             for r, row in zip(records[len(records) - len(robust):], robust)]
     return records, min_perturbations, notes

@@ -13,7 +13,8 @@ if it is classified correctly clean and under every draw after the attack
 
 The result carries the adaptive-defence sanity checks (:mod:`jemeval.evaluation.robust.checks`) as
 notes and in ``extra["checks"]``; ``extra["minimal_perturbations"]`` holds what minimisation attacks
-found. Figure: :func:`jemeval.plots.robustness.plot_robust_result`.
+found, ``extra["per_input"]`` which inputs are robust per record shown (:func:`final_outcomes`: the report's
+paired tests). Figure: :func:`jemeval.plots.robustness.plot_robust_result`.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from jemeval.evaluation.inputs import (
     training_dataset,
 )
 from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
-from jemeval.evaluation.robust.checks import convergence, mark_converged, sanity_checks
+from jemeval.evaluation.robust.checks import convergence, final_records, mark_converged, sanity_checks
 from jemeval.evaluation.robust.threat import check_norm
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, check_options, parse_spec
@@ -277,8 +278,8 @@ def robust(
     attacks ignore the gradient mode (recorded as ``none``). ``draws``: re-check every adversarial under
     that many fresh noise draws; an input is robust only if all of them classify it correctly (>= 5 for
     a refined model). ``chain_sigma`` (default 0; the JEM release 0.03) is the noise added to each chain
-    before refinement. ``checkpoint``: gradient checkpointing through refinement. The RunContext (``seed``,
-    ``device``, ``batch_size``: inputs per attack call, default 100, ...) comes as keywords or ``context=``.
+    before refinement; ``checkpoint``: gradient checkpointing through it. The RunContext (``seed``, ``device``,
+    ``batch_size``: inputs per attack call, default 100, ...): keywords or ``context=``.
     """
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
@@ -292,16 +293,23 @@ def robust(
     variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
     defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
     runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
+    outcomes: list[dict[str, Any]] = []
     records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
-                                                    inputs, progress=context.progress)
+                                                    inputs, progress=context.progress, outcomes=outcomes)
     checks, verdicts = judge(records, defence, ks, inputs, sweep, notes)
     return Result(
-        records=records,
-        provenance=stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, variants, data, sweep)),
-        extra={"checks": checks, "minimal_perturbations": min_perturbations,
-               **({"convergence": verdicts} if swept_axes(sweep) else {})},
+        records, stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, variants, data, sweep)),
+        extra={"checks": checks, "minimal_perturbations": min_perturbations, "per_input": final_outcomes(
+            records, outcomes), **({"convergence": verdicts} if swept_axes(sweep) else {})},
         notes=inputs.notes + [c["message"] for c in checks] + notes,
     )
+
+
+def final_outcomes(records: list[dict], outcomes: list[dict]) -> list[dict]:
+    """The per-input outcomes (row keys, ``correct``: robust or not per input of the seeded subset) of the
+    records the tables show: a sweep's last counts only (:func:`~jemeval.evaluation.robust.checks.final_records`)."""
+    shown = {id(r) for r in final_records(records)}
+    return [o for r, o in zip(records, outcomes, strict=True) if id(r) in shown]
 
 
 def check_sweep(eot_samples, steps) -> dict[str, list[int] | None]:
