@@ -188,9 +188,13 @@ def test_holm_adjusted_p_is_the_step_down_procedure_at_every_level():
 
 
 def test_holm_equals_statsmodels():
-    multitest = pytest.importorskip("statsmodels.stats.multitest")
-    p = np.random.default_rng(8).random(15) ** 2
-    assert paired.holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1], abs=1e-15)
+    from statsmodels.stats import multitest  # the library Holm is checked against (test extra)
+
+    rng = np.random.default_rng(8)
+    for size in (1, 2, 5, 15, 40):
+        p = rng.random(size) ** 2
+        p[: size // 3] = p[-1]  # ties
+        assert paired.holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1], abs=1e-15)
 
 
 # -- seed groups ---------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class FittedDetector(Detector):
     def score_features(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if self._impl is None or self._impl.device != features.device:  # built once per device
             self._impl = self._build().to(features.device)
-        return -self._outlier(self._impl, features.detach().float()).to(features.device)
+        return -self._outlier(self._impl, features.detach().float(), logits).detach().to(features.device)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self.state or {})
@@ -105,7 +105,8 @@ class FittedDetector(Detector):
     def _build(self):
         raise NotImplementedError
 
-    def _outlier(self, impl, features: torch.Tensor) -> torch.Tensor:
+    def _outlier(self, impl, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """pytorch-ood's outlier score of the batch (higher = more OOD; ``score_features`` flips it)."""
         return impl.predict_features(features)
 
 
@@ -206,7 +207,7 @@ class ReAct(FittedDetector):
 
         return Impl(None, _linear(self.state["w"], self.state["b"]), threshold=float(self.state["threshold"]))
 
-    def _outlier(self, impl, features):
+    def _outlier(self, impl, features, logits):
         return impl.predict_feature_maps(features)
 
 

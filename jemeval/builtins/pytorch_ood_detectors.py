@@ -33,8 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from jemeval.builtins.detectors import RELU_HELP, linear_head
-from jemeval.components.detector import Detector
+from jemeval.builtins.detectors import RELU_HELP, FittedDetector, linear_head
 from jemeval.components.score import ScoreFunction
 from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
@@ -250,17 +249,11 @@ def _fit_labels(spec: Spec, labels: torch.Tensor) -> tuple[torch.Tensor | None, 
     return known, y
 
 
-class PytorchOODDetector(Detector):
-    """A fitted pytorch-ood detector (its :class:`Spec` in ``spec``), scored from the shared forward pass."""
+class PytorchOODDetector(FittedDetector):
+    """A fitted pytorch-ood detector (its :class:`Spec` in ``spec``), scored from the shared forward pass;
+    building per device, the state and the sign are :class:`~jemeval.builtins.detectors.FittedDetector`'s."""
 
     spec: Spec
-    uses_features = True
-    cacheable = True
-    help: str | None = None
-
-    def __init__(self) -> None:
-        self.state: dict[str, Any] | None = None
-        self._impl = None
 
     def fit_features(self, model, features, logits, labels, **options):
         spec = self.spec
@@ -275,25 +268,14 @@ class PytorchOODDetector(Detector):
         except (ValueError, AssertionError, RuntimeError) as exc:
             raise UsageError(f"score {spec.name!r}: pytorch-ood's {spec.cls} could not fit on the fit data "
                              f"({type(exc).__name__}: {exc})") from None
-        self.state, self._impl = {"options": options, "w": w, "b": b, "fitted": fitted_attributes(impl)}, None
-        return self
+        return self._fitted({"options": options, "w": w, "b": b, "fitted": fitted_attributes(impl)})
 
-    def score_features(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if self._impl is None or self._impl.device != features.device:  # built once per device
-            self._impl = self._build().to(features.device)
-        predict = getattr(self._impl, f"predict_{METHOD[self.spec.reads]}")
+    def _outlier(self, impl, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        predict = getattr(impl, f"predict_{METHOD[self.spec.reads]}")
         x = _inputs(self.spec, features, logits)
         if self.spec.per_example and len(x) > 1:  # pytorch-ood's result would depend on the rest of the batch
-            outlier = torch.cat([predict(x[i:i + 1]).reshape(1) for i in range(len(x))])
-        else:
-            outlier = predict(x)
-        return -outlier.detach().to(features.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.state or {})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state, self._impl = dict(state), None
+            return torch.cat([predict(x[i:i + 1]).reshape(1) for i in range(len(x))])
+        return predict(x)
 
     def _build(self):
         state, spec = self.state, self.spec
