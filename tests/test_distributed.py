@@ -141,3 +141,30 @@ def test_inconsistent_launch_environments_fail_with_one_line(env, message):
 def test_unknown_backend_is_one_line():
     with pytest.raises(JemevalError, match="unknown distributed backend 'mpi': choose gloo"):
         D.init_from_env(env={"RANK": "0", "WORLD_SIZE": "1"}, backend="mpi")
+
+
+def _leaving_worker(rank: int, port: int, synchronize: bool, out: str) -> None:
+    import time
+
+    env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    D.init_from_env(backend="gloo", env=env, timeout_s=60)
+    D.gather_objects(rank)  # a last collective, as every command ends with raise_any's exchange
+    if rank == 1:
+        time.sleep(1.5)  # the slow rank: still busy when rank 0 leaves
+    start = time.monotonic()
+    D.destroy(synchronize=synchronize)
+    if rank == 0:
+        torch.save({"waited": time.monotonic() - start, "left": not D.dist.is_initialized()}, out)
+
+
+@pytest.mark.slow
+def test_leaving_together_waits_for_the_slowest_rank(tmp_path):
+    # a rank that finished first must not tear the group down under a peer's feet (CI saw a gloo
+    # worker abort, exit -6, after it had written its results; without the barrier, leaving at
+    # different times here once hung rank 0 for the group's whole timeout)
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_leaving_worker, args=(free_port(), True, out), nprocs=2, join=True)
+    result = torch.load(out)
+    assert result["left"]
+    assert result["waited"] >= 1.0

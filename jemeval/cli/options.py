@@ -372,7 +372,7 @@ def _as_rank(fn, args, kwargs):
     ctx = join(resolve_device(kwargs.get("device")))
     if "device" in kwargs:
         kwargs["device"] = str(ctx.device)
-    result, error = None, None
+    result, error, together = None, None, False
     try:
         with contextlib.ExitStack() as quiet:
             quiet.enter_context(sharded())
@@ -387,10 +387,12 @@ def _as_rank(fn, args, kwargs):
                     raise
                 error = exc
             raise_any(error)
-    except Exception:
+            together = True
+    except Exception as exc:
+        together = getattr(exc, "shared", False)  # every rank raised it from the same exchange
         if ctx.is_main:
             raise
         return None  # rank 0 reports it
     finally:
-        destroy()
+        destroy(synchronize=together)
     return result

@@ -21,6 +21,7 @@ world size) is in :mod:`jemeval.training.ddp`.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -274,7 +275,23 @@ def barrier() -> None:
         dist.barrier()
 
 
-def destroy() -> None:
-    """Leave the process group (safe to call when none was joined)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def destroy(*, synchronize: bool = False) -> None:
+    """Leave the process group (safe to call when none was joined).
+
+    ``synchronize``: first wait for every rank (a barrier), for ranks that all finished the same
+    collectives (a run's normal end, or an error every rank agreed on). Then no rank tears its
+    connections down while a peer's last collective is still in flight, and the group's C++ objects
+    (gloo's worker threads and the work they hold) are freed here, while the interpreter is alive:
+    freed during interpreter shutdown instead, they can abort the process ("terminate called
+    without an active exception", exit -6) after it wrote its results. Not for a rank that stopped
+    on its own (a Ctrl-C): its peers may never reach the barrier.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if synchronize and dist.get_world_size() > 1:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer that is gone: leave anyway, the results are written
+            pass
+    dist.destroy_process_group()
+    gc.collect()

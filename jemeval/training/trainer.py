@@ -81,18 +81,19 @@ def opened(config: TrainConfig) -> Iterator[Session]:
     """
     device = resolve_device(config.device, name="device")
     ctx = ddp.join(device, config.batch_size)
-    lock = None
+    lock, finished = None, False
     try:
         lock = ddp.on_main(lambda: rundir.claim(config), ctx)
         checkpoint = None
         if config.resume:
             checkpoint, config = _resumed(config, ctx)
         yield Session(config, ctx.device if ctx.distributed else device, ctx, checkpoint)
+        finished = True
     finally:
         if lock is not None:
             lock.release()
         if ctx.distributed:
-            D.destroy()
+            D.destroy(synchronize=finished)
 
 
 def _resumed(config: TrainConfig, ctx: DistContext) -> tuple[dict[str, Any], TrainConfig]:
