@@ -37,6 +37,7 @@ from jemeval.data import ArrayDataset, to_arrays
 from jemeval.energy.model import EnergyModel, log_p
 from jemeval.evaluation.robust.threat import perturbation_norm
 from jemeval.plugins import get_plugin_manager
+from jemeval.sampling.sgld import frozen, input_grad
 
 
 @contextlib.contextmanager
@@ -148,7 +149,8 @@ def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8
 
 
 def _check_declared_forms(score: Any, model: EnergyModel, x: torch.Tensor, s: torch.Tensor, options: dict) -> None:
-    """A score's ``from_logits`` / ``from_features`` forms give what the score gives."""
+    """A score's ``from_logits`` / ``from_features`` / ``from_input_grad`` forms give what the score gives."""
+    _check_input_grad_form(score, model, x, s, options)
     if score.from_logits is None and score.from_features is None:
         return
     with torch.no_grad():
@@ -160,6 +162,18 @@ def _check_declared_forms(score: Any, model: EnergyModel, x: torch.Tensor, s: to
         from_features = score.from_features(model, features, logits, **options)
         assert torch.allclose(from_features.double(), s.double(), rtol=1e-5, atol=1e-6), \
             "from_features(model, features, logits) differs from score(model, x)"
+
+
+def _check_input_grad_form(score: Any, model: EnergyModel, x: torch.Tensor, s: torch.Tensor, options: dict) -> None:
+    form = getattr(score, "from_input_grad", None)
+    if form is None:
+        return
+    with frozen(model, train=False):
+        _, grad = input_grad(model, x)
+        with torch.no_grad():
+            logits = model.logits(x)
+    assert torch.allclose(form(grad, logits, **options).double(), s.double(), rtol=1e-5, atol=1e-6), \
+        "from_input_grad(grad, logits) differs from score(model, x)"
 
 
 def check_detector(detector_or_name: Any, model: EnergyModel | None = None, dataset: Any = None, n: int = 8,

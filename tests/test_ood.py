@@ -13,6 +13,7 @@ from sklearn.metrics import auc, precision_recall_curve, roc_auc_score
 import jemeval
 from jemeval import testing
 from jemeval.artifacts import save_ood_scores
+from jemeval.builtins.scores import gradnorm
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import resolve_scores, run_batches
@@ -63,19 +64,31 @@ def test_logit_scores_match_their_definitions(clf, digits_test):
 
 
 def test_logits_computed_once_per_batch(clf, digits_test):
-    calls = []
-    handle = clf.net.register_forward_hook(lambda *a: calls.append(1))
+    calls = []  # the network's first layer counts the passes (features_and_logits bypasses net.__call__)
+    first = next(m for m in clf.net.modules() if isinstance(m, torch.nn.Conv2d))
+    handle = first.register_forward_hook(lambda *a: calls.append(1))
     try:
         run_batches(clf, digits_test, scores=resolve_scores(["logpx", "maxprob", "maxlogit", "energy:T=2"]),
                     batch_size=100, progress=False)
         assert len(calls) == 5  # 450 examples, 5 batches, one forward each for all four scores
         calls.clear()
-        run_batches(clf, digits_test, scores=resolve_scores(["logpx", "gradnorm"]), batch_size=100, progress=False)
-        assert len(calls) == 10  # gradnorm needs its own forward with the input graph
+        out = run_batches(clf, digits_test, scores=resolve_scores(["logpx", "maxprob", "gradnorm"]), batch_size=100,
+                          progress=False)
+        assert len(calls) == 5  # JEM's three scores: one forward with grad per batch serves all of them
+        calls.clear()
+        # ... and give what each score gives alone (its own forward, its own backward)
+        x = digits_test.x
+        np.testing.assert_allclose(out.scores["gradnorm"], gradnorm(clf, x).detach().double().numpy(), rtol=1e-5)
+        np.testing.assert_allclose(out.scores["logpx"], clf.log_px(x).detach().double().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(out.logits, clf.logits(x).detach().numpy(), rtol=1e-6)
         calls.clear()
         run_batches(clf, digits_test, scores=resolve_scores(["gradnorm"]), keep_logits=False, batch_size=100,
                     progress=False)
         assert len(calls) == 5  # nothing reads the logits: no extra forward
+        calls.clear()
+        run_batches(clf, digits_test, scores=resolve_scores(["gradnorm", "ash", "energy"]), keep_features=True,
+                    batch_size=100, progress=False)
+        assert len(calls) == 5  # features, logits and d log p/dx from the same pass
     finally:
         handle.remove()
 

@@ -120,7 +120,11 @@ def entropy(model, x):
         return _entropy_from_logits(model.logits(x))
 
 
-@score
+def _gradnorm_from_input_grad(grad: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    return -grad.flatten(1).norm(dim=1)
+
+
+@score(from_input_grad=_gradnorm_from_input_grad)
 def gradnorm(model, x):
     """-||d log p~(x)/dx||_2 per example: the JEM paper's approximate-mass score."""
     with frozen(model):

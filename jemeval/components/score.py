@@ -6,6 +6,10 @@ A plain function is a score; what else jemeval may do with it is declared, not p
   one forward pass per batch serves it (``logpx``, ``energy``, ...);
 * ``from_features(model, features, logits, **options)``: likewise from the penultimate features
   and logits (``ash``, ``gradnorm-huang``);
+* ``from_input_grad(grad, logits, **options)``: the score from the input gradient of log p~(x)
+  (d logsumexp f(x) / dx, per example) and the logits (``gradnorm``): when a batch needs it, the
+  evaluation's one forward pass runs with grad and one backward gives it, so the logits, features
+  and this gradient all come from the same pass;
 * ``grid``: option -> candidates, searched by ``tune_on``;
 * ``assumes_nonnegative_features``: the score presumes ReLU features (a note says when the
   model's are not).
@@ -33,6 +37,7 @@ class Score(Protocol):
 
     from_logits: Callable[..., Any] | None
     from_features: Callable[..., Any] | None
+    from_input_grad: Callable[..., Any] | None
     grid: Mapping[str, Sequence[Any]]
     assumes_nonnegative_features: bool
 
@@ -44,12 +49,13 @@ class ScoreFunction:
     """A score function with its capabilities declared (what :func:`score` makes)."""
 
     def __init__(self, fn: Callable[..., Any], *, from_logits: Callable[..., Any] | None = None,
-                 from_features: Callable[..., Any] | None = None, grid: Mapping[str, Sequence[Any]] | None = None,
-                 assumes_nonnegative_features: bool = False) -> None:
+                 from_features: Callable[..., Any] | None = None, from_input_grad: Callable[..., Any] | None = None,
+                 grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False) -> None:
         functools.update_wrapper(self, fn)  # name, docstring, module; signature through __wrapped__
         self.fn = fn
         self.from_logits = from_logits
         self.from_features = from_features
+        self.from_input_grad = from_input_grad
         self.grid = {k: list(v) for k, v in (grid or {}).items()}
         self.assumes_nonnegative_features = bool(assumes_nonnegative_features)
 
@@ -61,12 +67,13 @@ class ScoreFunction:
 
 
 def score(fn: Callable[..., Any] | None = None, *, from_logits: Callable[..., Any] | None = None,
-          from_features: Callable[..., Any] | None = None, grid: Mapping[str, Sequence[Any]] | None = None,
-          assumes_nonnegative_features: bool = False):
+          from_features: Callable[..., Any] | None = None, from_input_grad: Callable[..., Any] | None = None,
+          grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False):
     """Decorator: ``fn(model, x, **options)`` as a :class:`Score` with the given capabilities
     (``@score`` alone declares none)."""
     def decorate(f: Callable[..., Any]) -> ScoreFunction:
-        return ScoreFunction(f, from_logits=from_logits, from_features=from_features, grid=grid,
+        return ScoreFunction(f, from_logits=from_logits, from_features=from_features,
+                             from_input_grad=from_input_grad, grid=grid,
                              assumes_nonnegative_features=assumes_nonnegative_features)
 
     return decorate if fn is None else decorate(fn)
@@ -78,5 +85,6 @@ def as_score(obj: Callable[..., Any]) -> Score:
     if isinstance(obj, Score):
         return obj
     return ScoreFunction(obj, from_logits=getattr(obj, "from_logits", None),
-                         from_features=getattr(obj, "from_features", None), grid=getattr(obj, "grid", None),
+                         from_features=getattr(obj, "from_features", None),
+                         from_input_grad=getattr(obj, "from_input_grad", None), grid=getattr(obj, "grid", None),
                          assumes_nonnegative_features=bool(getattr(obj, "assumes_nonnegative_features", False)))

@@ -2,10 +2,13 @@
 
 For a model and a dataset it runs the network **once per batch** and derives everything from that
 single forward pass: the logits, and every score that only needs the logits (built-in scores carry
-a ``from_logits`` form, see :class:`jemeval.Score`). Scores that need more than the
-logits (``gradnorm`` needs d log p~(x)/dx; a plugin score may do anything) are called on the same
-batch. The evaluation input noise ``sigma`` is applied once per batch from a seeded generator, so
-the logits and every score see the *same* noisy inputs, and the numbers are reproducible.
+a ``from_logits`` form, see :class:`jemeval.Score`), the features (``from_features``) or the input
+gradient of log p~(x) (``from_input_grad``: ``gradnorm``). When a score reads that gradient, the
+batch's one forward pass runs with grad and one backward gives it: logits, features and gradient
+from the same pass, never a second forward. Scores that declare none of these forms (a plugin score
+may do anything) are called on the same batch. The evaluation input noise ``sigma`` is applied once
+per batch from a seeded generator, so the logits and every score see the *same* noisy inputs, and
+the numbers are reproducible.
 
 Results stay on the device until the loop ends (no per-batch host copies or ``.item()``) and come
 back as numpy arrays. What every evaluation function checks before it gets here (the model, its
@@ -29,6 +32,7 @@ from jemeval.components.score import Score, as_score
 from jemeval.context import RunContext, takes_context
 from jemeval.data import iterate_batches
 from jemeval.deprecations import moved_names
+from jemeval.energy.model import log_p
 from jemeval.errors import JemevalError, UsageError
 from jemeval.evaluation import inputs
 from jemeval.plugins import get_registry
@@ -72,8 +76,13 @@ class ScoreFn:
             return self.fn.score_features if self.fn.uses_features else None
         return self.fn.from_features
 
+    @property
+    def from_input_grad(self) -> Callable | None:
+        """The form that reads d log p~(x)/dx and the logits of the batch's one pass, if it has one."""
+        return None if self.detector else getattr(self.fn, "from_input_grad", None)
+
     def on_batch(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor | None,
-                 features: torch.Tensor | None = None) -> torch.Tensor:
+                 features: torch.Tensor | None = None, grad: torch.Tensor | None = None) -> torch.Tensor:
         if self.detector:
             if features is not None and self.from_features is not None:
                 return self.fn.score_features(features, logits)
@@ -82,6 +91,8 @@ class ScoreFn:
             return self.from_logits(logits, **self.options)
         if self.from_features is not None and features is not None:
             return self.from_features(model, features, logits, **self.options)
+        if self.from_input_grad is not None and grad is not None:
+            return self.from_input_grad(grad, logits, **self.options)
         return self.fn(model, x, **self.options)
 
 
@@ -195,16 +206,16 @@ def run_batches(
     inputs.check_input_sigma(sigma, "sigma")
     batch_size = context.batch(DEFAULT_BATCH_SIZE)
     device = _model_device(model) if context.device is None else resolve_device(context.device)
-    # a forward pass only when something reads its outputs (gradient scores do their own)
-    need_features = keep_features or any(s.from_features is not None for s in scores)
-    need_logits = keep_logits or need_features or any(s.from_logits is not None for s in scores)
+    # a forward pass only when something reads its outputs; with grad when a score reads d log p~/dx
+    need = _Needs.of(scores, keep_logits=keep_logits, keep_features=keep_features)
 
     def one(b: int, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         x, y = batch
         if before_batch is not None:
             before_batch(b)
-        features, logits = _forward(model, x, need_logits, need_features)
-        out = {s.label: _check_score(s.label, s.on_batch(model, x, logits, features), x.shape[0]) for s in scores}
+        features, logits, grad = _forward(model, x, need)
+        out = {s.label: _check_score(s.label, s.on_batch(model, x, logits, features, grad), x.shape[0])
+               for s in scores}
         out.update({"logits": logits if keep_logits else None, "features": features if keep_features else None,
                     "labels": y.long()}, **_batch_summaries(logits, features))
         bar.update(x.shape[0])
@@ -269,19 +280,38 @@ def _gather(done: list[dict[str, torch.Tensor]], model: nn.Module, dataset: Data
     )
 
 
-def _forward(model: nn.Module, x: torch.Tensor, need_logits: bool,
-             need_features: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(features, logits) of one batch without a graph, float32; None for what nobody reads."""
-    if not need_logits:
-        return None, None
-    with torch.no_grad():
-        if not need_features:
-            return None, logits_of(model, x).float()
-        if not callable(getattr(model, "features_and_logits", None)):
-            raise UsageError(f"features-based scores need an EnergyModel (features_and_logits), got a "
-                             f"{type(model).__name__}; load the model with jemeval.load_model")
-        features, logits = model.features_and_logits(x)
-        return features.float(), logits.float()
+@dataclass(frozen=True)
+class _Needs:
+    """What the batch's one forward pass must give: logits, features, d log p~(x)/dx."""
+
+    logits: bool
+    features: bool
+    grad: bool
+
+    @classmethod
+    def of(cls, scores: Sequence[ScoreFn], *, keep_logits: bool, keep_features: bool) -> _Needs:
+        features = keep_features or any(s.from_features is not None for s in scores)
+        grad = any(s.from_input_grad is not None for s in scores)
+        logits = keep_logits or features or grad or any(s.from_logits is not None for s in scores)
+        return cls(logits, features, grad)
+
+
+def _forward(model: nn.Module, x: torch.Tensor,
+             need: _Needs) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(features, logits, d log p~(x)/dx) of one batch from one forward pass, float32, detached;
+    None for what nobody reads. Without a gradient to give, the pass builds no graph; with one,
+    the parameters are frozen (:func:`run_batches` runs under ``frozen``), so autograd records the
+    input's branch only and the backward stops at x."""
+    if not need.logits:
+        return None, None, None
+    if need.features and not callable(getattr(model, "features_and_logits", None)):
+        raise UsageError(f"features-based scores need an EnergyModel (features_and_logits), got a "
+                         f"{type(model).__name__}; load the model with jemeval.load_model")
+    source = x.detach().requires_grad_(True) if need.grad else x
+    with torch.set_grad_enabled(need.grad):
+        features, logits = model.features_and_logits(source) if need.features else (None, logits_of(model, source))
+        grad = torch.autograd.grad(log_p(logits).sum(), source)[0] if need.grad else None
+    return (None if features is None else features.detach().float()), logits.detach().float(), grad
 
 
 # -- non-finite outputs -----------------------------------------------------------------------------------
