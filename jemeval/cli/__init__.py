@@ -67,9 +67,11 @@ class JemevalGroup(click.Group):
             if "--help" not in message and exc.ctx is not None:  # click's own parse errors
                 where = exc.ctx.command_path if exc.ctx is not None else "jemeval"
                 message += f" (see '{where} --help')"
+            _tell_peers(message)
             click.echo(f"Error: {message}", err=True)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
+            _tell_peers(exc.format_message())
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
@@ -138,6 +140,16 @@ def _quiet_worker() -> bool:
     """jemeval.runtime.launch.quiet_worker without importing torch: a ``--nproc`` worker other than
     rank 0, which leaves reporting a Ctrl-C to rank 0."""
     return os.environ.get("JEMEVAL_RELAUNCHED") == "1" and os.environ.get("RANK", "0") != "0"
+
+
+def _tell_peers(message: str) -> None:
+    """A torchrun worker that stops before joining its process group (a bad option, a file missing on
+    its node) leaves its line for the other ranks, which would otherwise wait for it until the
+    timeout (:func:`jemeval.runtime.distributed.tell_peers`; torch is imported only in a launch)."""
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):
+        from jemeval.runtime.distributed import tell_peers
+
+        tell_peers(message)
 
 
 def flag_message(exc: JemevalError, command: click.Command | None) -> str:

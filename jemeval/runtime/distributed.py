@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,12 +131,76 @@ def _backend_device(backend: str, local_rank: int) -> torch.device:
 
 
 def _join_group(backend: str, rank: int, world: int, env: Mapping[str, str], timeout_s: float) -> None:
+    """Join through the launch's store (from ``env``, which may not be os.environ), after every rank
+    arrived (:func:`_arrive`): a rank that failed before joining is one line here, not a wait."""
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         if key not in env:
             raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
-    address = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"  # from ``env``, which may not be os.environ
-    dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _launch_store(env, rank, world, timeout)
+    _arrive(store, rank, world, env, timeout_s)
+    global _JOINING
+    _JOINING = True
+    dist.init_process_group(backend, rank=rank, world_size=world, store=store, timeout=timeout)
+
+
+#: set once this process began joining its process group: a later error is exchanged through the
+#: group (:func:`raise_any`), not announced in the store (:func:`tell_peers`)
+_JOINING = False
+_ARRIVAL_POLL_S = 0.1
+
+
+def _launch_store(env: Mapping[str, str], rank: int, world: int, timeout: datetime.timedelta) -> Any:
+    """The store at MASTER_ADDR:MASTER_PORT as ``init_process_group`` would open it: torchrun's agent
+    store (every rank a client) or, launched otherwise, hosted by rank 0."""
+    from torch.distributed.rendezvous import _create_c10d_store
+
+    port = _env_int(env, "MASTER_PORT")
+    return _create_c10d_store(env["MASTER_ADDR"], port, rank, world, timeout)
+
+
+def _store_prefix(env: Mapping[str, str]) -> str:
+    """jemeval's keys in the launch's store, per launch attempt (torchrun restarts reuse its store)."""
+    return f"jemeval/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+def _arrive(store: Any, rank: int, world: int, env: Mapping[str, str], timeout_s: float) -> None:
+    """Wait until all ``world`` ranks arrived, or raise the one line of a rank that stopped before it
+    joined (:func:`tell_peers`: a bad option, a missing file on its node) instead of waiting for it
+    until the timeout. Ranks on other nodes start this together: torchrun's rendezvous gathered the nodes."""
+    prefix = _store_prefix(env)
+    store.add(prefix + "arrived", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(prefix + "arrived", 0) < world:
+        if store.check([prefix + "failed"]):
+            raise UsageError(store.get(prefix + "failed").decode(errors="replace"))
+        if time.monotonic() > deadline:
+            count = store.add(prefix + "arrived", 0)
+            raise JemevalError(f"only {count} of the launch's {world} processes started within {timeout_s:g} s: "
+                               "a node that never started or was killed (see its own output)")
+        time.sleep(_ARRIVAL_POLL_S)
+
+
+def tell_peers(message: str, env: Mapping[str, str] | None = None) -> bool:
+    """In a torchrun worker that stops before joining its process group: leave ``message`` (its one
+    line) in the launch's store, where the other ranks, waiting for it to arrive (:func:`_arrive`),
+    read it and stop with it instead of waiting until the timeout. Returns whether the message was
+    left; nothing is done in a single process or after the join (then :func:`raise_any` tells)."""
+    env = os.environ if env is None else env
+    try:
+        rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+    except JemevalError:
+        return False
+    if _JOINING or not world or world < 2 or rank is None or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return False
+    if rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False  # rank 0 would host the store itself: nobody could read it
+    try:
+        store = _launch_store(env, rank, world, datetime.timedelta(seconds=30))
+        store.compare_set(_store_prefix(env) + "failed", "", f"process {rank} of {world} stopped: {message}")
+    except Exception:  # noqa: BLE001 - no store to tell (rank 0's own store, or the launch is gone)
+        return False
+    return True
 
 
 def available_cpus() -> int:

@@ -9,7 +9,9 @@ launch is not repeated (:func:`launched_by_torchrun`).
 
 Run as ``python -m jemeval.runtime.launch ARGS`` this module is ``torch.distributed.run`` itself,
 except that a worker's failure ends with that worker's own one-line error (the launcher adds no
-traceback of its own): what :func:`relaunch` starts.
+traceback of its own): what :func:`relaunch` starts, and the launcher of one agent per node for several
+nodes (docs/performance.md, "Several nodes"): unlike ``torchrun`` it does not take a command's ``--n``
+for its own ``--nnodes`` (``allow_abbrev`` off).
 """
 from __future__ import annotations
 
