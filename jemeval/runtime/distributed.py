@@ -137,9 +137,15 @@ def _join_group(backend: str, rank: int, world: int, env: Mapping[str, str], tim
         if key not in env:
             raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = _launch_store(env, rank, world, timeout)
-    _arrive(store, rank, world, env, timeout_s)
     global _JOINING
+    try:
+        store = _launch_store(env, rank, world, timeout)
+    except (ImportError, TypeError):  # a torch whose private store helper moved: join as torch does
+        _JOINING = True
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
+                                init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
+        return
+    _arrive(store, rank, world, env, timeout_s)
     _JOINING = True
     dist.init_process_group(backend, rank=rank, world_size=world, store=store, timeout=timeout)
 
