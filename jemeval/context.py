@@ -20,11 +20,13 @@ fitted-detector cache (``$JEMEVAL_CACHE_DIR/detectors``, default ``~/.cache/jeme
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -159,3 +161,40 @@ def _signature(fn: Callable, batch_size: int | None, cache_keywords: tuple[str, 
              for name in (*FIELDS, *cache_keywords) if name not in sig.parameters]
     context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, default=None)
     return sig.replace(parameters=[*own, *added, context])
+
+
+# -- datasets shared by the evaluations of one report ------------------------------------------------
+#: the datasets :func:`shareable` kept inside :func:`shared_datasets` (None outside it)
+_SHARED_SETS: ContextVar[dict[tuple, Any] | None] = ContextVar("jemeval_shared_datasets", default=None)
+
+
+@contextlib.contextmanager
+def shared_datasets() -> Iterator[dict[tuple, Any]]:
+    """Inside it, each dataset (spec, split, root, download, options) is loaded once and every later
+    :func:`jemeval.data.load_dataset` call gets that same Dataset: ``jemeval report`` evaluates N
+    models on the same sets, and loading them once per (model, section) read a CIFAR test set or an
+    npz 5N times. The evaluations never modify a Dataset (subsets are views), so sharing changes no
+    number; the sets are held until the block ends. Outside it (every single command) nothing is kept.
+    Yields the dict of what was loaded (the report's benchmark and tests count it)."""
+    token = _SHARED_SETS.set({})
+    try:
+        yield _SHARED_SETS.get()
+    finally:
+        _SHARED_SETS.reset(token)
+
+
+def shareable(load: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator of :func:`jemeval.data.load_dataset`: inside :func:`shared_datasets`, a set asked
+    for again with the same arguments is the one loaded the first time (a failed load is not kept)."""
+    @functools.wraps(load)
+    def wrapper(name: str, split: str = "test", root: Any = None, download: bool = False, **options: Any) -> Any:
+        shared = _SHARED_SETS.get()
+        if shared is None:
+            return load(name, split, root, download, **options)
+        key = (str(name), str(split), None if root is None else os.fspath(root), bool(download),
+               repr(sorted(options.items())))
+        if key not in shared:
+            shared[key] = load(name, split, root, download, **options)
+        return shared[key]
+
+    return wrapper

@@ -24,9 +24,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from jemeval.context import shareable
 from jemeval.errors import JemevalError, UsageError
 from jemeval.plugins import get_registry
 from jemeval.registry import Spec, call_with_supported, parse_spec
+from jemeval.stored_images import StoredImages, stored_rows
 
 DATA_ROOT_ENV = "JEMEVAL_DATA_ROOT"
 
@@ -76,11 +78,16 @@ def check_arrays(x: torch.Tensor, y: torch.Tensor | None, source: str) -> None:
     if len(x) and (float(x.min()) < -1 - RANGE_TOLERANCE or float(x.max()) > 1 + RANGE_TOLERANCE):
         found = f"{float(x.min()):.3g}..{float(x.max()):.3g}"
         raise UsageError(f"{source!r}: float images must lie in [-1, 1] (found {found}); store uint8 0..255 or rescale")
+    check_labels(y, len(x), source)
+
+
+def check_labels(y: torch.Tensor | None, n: int, source: str) -> None:
+    """:func:`check_arrays`'s rules for the labels of ``n`` images (also used on images kept as stored)."""
     if y is None:
         return
     y = torch.as_tensor(y)
-    if y.dim() != 1 or len(y) != len(x):
-        raise UsageError(f"{source!r}: {len(x)} images but labels of shape {tuple(y.shape)}; give one label per image")
+    if y.dim() != 1 or len(y) != n:
+        raise UsageError(f"{source!r}: {n} images but labels of shape {tuple(y.shape)}; give one label per image")
     if y.dtype == torch.bool or y.is_complex():
         raise UsageError(f"{source!r}: labels must be integers, got dtype {y.dtype}")
     if y.is_floating_point():
@@ -118,7 +125,7 @@ class ClassSubset(Dataset):
 
 def dataset_labels(ds: Dataset) -> np.ndarray:
     """All labels of a dataset as an int array (fast for ArrayDataset and torchvision sets)."""
-    if isinstance(ds, ArrayDataset):
+    if isinstance(ds, (ArrayDataset, StoredImages)):
         return ds.y.numpy()
     if isinstance(ds, ClassSubset):
         return dataset_labels(ds.base)[ds.indices]
@@ -128,6 +135,7 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
 
+@shareable
 def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None = None, download: bool = False,
                  **options: Any) -> Dataset:
     """The dataset registered as ``name`` (a spec) for ``split``, in the [-1, 1] input space.
@@ -340,13 +348,23 @@ def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.devi
                     num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (x, y) batches on ``device`` in dataset order.
 
-    In-memory datasets are sliced directly; others go through a DataLoader (pinned memory on CUDA).
+    In-memory datasets are sliced directly; images kept as stored (a memory-mapped npz), and the
+    subsets :func:`take` and :class:`ClassSubset` make of them, are read and converted to float one
+    batch at a time (:func:`jemeval.stored_images.stored_rows`); others go through a DataLoader (pinned memory on CUDA).
     """
     device = torch.device(device)
     if isinstance(ds, ArrayDataset):
         for i in range(0, len(ds), batch_size):
             x, y = ds.x[i:i + batch_size], ds.y[i:i + batch_size]
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return
+    stored = stored_rows(ds)
+    if stored is not None:
+        base, rows = stored
+        for i in range(0, len(ds), batch_size):
+            index = slice(i, min(i + batch_size, len(ds))) if rows is None else rows[i:i + batch_size]
+            yield (base.rows(index).to(device, non_blocking=True),
+                   base.y[index].to(device, non_blocking=True))
         return
     loader = DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         pin_memory=device.type == "cuda")

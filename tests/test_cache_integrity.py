@@ -48,7 +48,10 @@ def auroc(result) -> float:
 
 
 def fit_info(result) -> dict:
-    return result.provenance["settings"]["detectors"]["knn"]
+    """The knn entry of the provenance, less its state size (a positive byte count, checked here)."""
+    info = dict(result.provenance["settings"]["detectors"]["knn"])
+    assert info.pop("state_bytes") > 0
+    return info
 
 
 def state_file(home):

@@ -91,8 +91,11 @@ def test_check_names_the_first_bad_batch_and_its_images():
     with pytest.raises(JemevalError, match=r"the model \(tiny\) gives non-finite logits .* on batch 2 "
                                            r"\(images 32-47 of tiny\)"):
         run_batches(model, ds, batch_size=16, device="cpu")
-    with pytest.raises(JemevalError, match=r"non-finite score 'gradnorm' .* on batch 2 \(images 32-47"):
+    # gradnorm is served by the same forward pass, whose logits are checked first: they are the cause
+    with pytest.raises(JemevalError, match=r"non-finite logits .* on batch 2 \(images 32-47"):
         run_batches(model, ds, scores=resolve_scores(["gradnorm"]), keep_logits=False, batch_size=16, device="cpu")
+    with pytest.raises(JemevalError, match=r"non-finite score 'odin' .* on batch 2 \(images 32-47"):
+        run_batches(model, ds, scores=resolve_scores(["odin"]), keep_logits=False, batch_size=16, device="cpu")
     flags = [torch.tensor(True), torch.tensor(False)]
     with pytest.raises(JemevalError, match=r"on batch 1 \(chains 3-4 of s\)"):
         check_finite_outputs("samples", flags, model, sizes=[3, 2], of="s", unit="chains")

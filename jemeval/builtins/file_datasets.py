@@ -26,8 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from jemeval.data import ArrayDataset
+from jemeval.data import RANGE_TOLERANCE, check_labels
 from jemeval.errors import DatasetNotFoundError, UsageError
+from jemeval.stored_images import StoredImages, image_problems, mapped_member
 
 #: the split names a folder or an npz may hold, in the order they are listed
 SPLIT_NAMES = ("train", "val", "test")
@@ -73,28 +74,43 @@ _NPZ_HOW = ("save one with np.savez(FILE, x_train=..., y_train=..., x_test=..., 
 
 
 def npz(split, root, download, *, variant: str | None = None, path: str | None = None):
-    """Arrays from a .npz file: x_train/y_train and x_test/y_test (optional x_val/y_val), or x/y for one split."""
+    """Arrays from a .npz file: x_train/y_train and x_test/y_test (optional x_val/y_val), or x/y for one split.
+
+    The images stay in the file (memory-mapped when the member is stored uncompressed, as ``np.savez``
+    writes it) and in their dtype: :class:`~jemeval.stored_images.StoredImages` makes the [-1, 1]
+    floats one batch at a time, so memory does not grow with the number of images."""
     path = variant or path
     if not path:
         raise UsageError("name the file, e.g. npz:/data/images.npz")
     p = Path(path).expanduser()
     if not p.exists():
         raise DatasetNotFoundError(f"npz file {str(p)!r} does not exist")
-    x, y, splits, k = _read_npz(p, split)
+    x, y, splits, k, storage = _read_npz(p, split)
     if x.ndim == 3:
         x = x[:, None]
     if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-        x = x.transpose(0, 3, 1, 2)
-    if x.dtype == np.uint8:
-        x = x.astype(np.float32) / 255.0 * 2 - 1
+        x = x.transpose(0, 3, 1, 2)  # a view: the mapped file is not copied
     labels = None if y is None else torch.from_numpy(
         y.astype(np.float64 if np.issubdtype(y.dtype, np.floating) else np.int64))
-    # ArrayDataset checks the values (finite, in [-1, 1], whole-number labels)
-    ds = ArrayDataset(torch.from_numpy(x.astype(np.float32)), labels, name="npz",
-                      info={"path": str(p), "split": split if splits else None})
+    _check_stored(x, labels, str(p))
+    ds = StoredImages(x, labels, name="npz", info={"path": str(p), "split": split if splits else None},
+                      storage=storage)
     ds.num_classes = k
     ds.splits = splits
     return ds
+
+
+def _check_stored(x: np.ndarray, labels: torch.Tensor | None, source: str) -> None:
+    """:func:`jemeval.data.check_arrays`'s rules (finite, in [-1, 1], whole-number labels) on stored
+    images, scanned in chunks: no float copy of the whole set is made to check it."""
+    bad, first, lo, hi = image_problems(x)
+    if bad:
+        raise UsageError(f"{source!r}: {bad} of {len(x)} images hold NaN or inf values (the first is image "
+                         f"{first}); images must be finite, in [-1, 1]")
+    if lo < -1 - RANGE_TOLERANCE or hi > 1 + RANGE_TOLERANCE:
+        raise UsageError(f"{source!r}: float images must lie in [-1, 1] (found {lo:.3g}..{hi:.3g}); store uint8 "
+                         "0..255 or rescale")
+    check_labels(labels, len(x), source)
 
 
 npz.takes_path = True
@@ -119,9 +135,9 @@ def _npz_layout(p: Path, files: list[str], split: str) -> tuple[str, str | None,
     return f"x_{split}", (f"y_{split}" if f"y_{split}" in files else None), splits, label_keys
 
 
-def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...], int | None]:
-    """(images, labels or None, the file's splits, number of classes) of ``split``, numeric and
-    non-empty; one line for every way it is not (pickles and object arrays stay refused:
+def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...], int | None, str]:
+    """(images, labels or None, the file's splits, number of classes, how the images are held) of
+    ``split``, numeric and non-empty; one line for every way it is not (pickles and object arrays stay refused:
     ``allow_pickle=False``). The number of classes counts the labels of every split, so a test split
     that lacks a class still has the training split's classes."""
     try:
@@ -132,8 +148,9 @@ def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple
         raise UsageError(f"{str(p)!r} is a single .npy array, not a .npz archive with 'x' and 'y'; {_NPZ_HOW}")
     with f:
         key_x, key_y, splits, label_keys = _npz_layout(p, list(f.files), split)
-        arrays = {key: _npz_array(f, p, key) for key in dict.fromkeys([key_x, *label_keys])}
-    x, y = arrays[key_x], arrays.get(key_y) if key_y else None
+        arrays = {key: _npz_array(f, p, key) for key in label_keys}
+        x, storage = _npz_images(f, p, key_x)
+    y = arrays.get(key_y) if key_y else None
     if x.ndim not in (3, 4) or not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
         raise UsageError(f"{str(p)!r}: {key_x!r} must be images N x C x H x W or N x H x W (uint8 0..255 or floats in "
                          f"[-1, 1]), got dtype {x.dtype} and shape {x.shape}")
@@ -144,7 +161,22 @@ def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple
             raise UsageError(f"{str(p)!r}: labels {key!r} must be integers, got dtype {arrays[key].dtype}")
     top = max((int(np.nanmax(arrays[k])) for k in label_keys if arrays[k].size and np.isfinite(arrays[k]).all()),
               default=-1)
-    return x, y, splits, (top + 1 if y is not None and top >= 0 else None)
+    return x, y, splits, (top + 1 if y is not None and top >= 0 else None), storage
+
+
+def _npz_images(f, p: Path, key: str) -> tuple[np.ndarray, str]:
+    """The images ``key``: memory-mapped when stored uncompressed, else read whole (in their stored
+    dtype); and which of the two, for the dataset's ``storage``."""
+    try:
+        mapped = mapped_member(p, key)
+    except UsageError as exc:  # a UsageError is a ValueError: caught first
+        raise UsageError(f"{exc}; {_NPZ_HOW}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"{str(p)!r}: array {key!r} is unreadable ({_first_line(exc)}); {_NPZ_HOW}") from None
+    if mapped is not None:
+        return mapped, "memory-mapped"
+    return _npz_array(f, p, key), ("read whole: the npz is compressed (np.savez_compressed); save it with np.savez "
+                                   "to have it memory-mapped")
 
 
 def _npz_array(f, p: Path, key: str) -> np.ndarray:

@@ -174,3 +174,25 @@ class Detector:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(fitted={self.fitted})"
+
+
+def state_bytes(detector: Any) -> int | None:
+    """How many bytes a fitted detector keeps (the tensors and arrays of its ``state_dict``: for knn
+    the fit features), recorded with each fit in the ood provenance so that what a fit set of N
+    images costs in memory is visible; None for a detector whose state jemeval cannot see (not
+    ``cacheable``: it declares no ``state_dict``)."""
+    if not getattr(detector, "cacheable", False):
+        return None
+
+    def size(value: Any) -> int:
+        if hasattr(value, "element_size") and hasattr(value, "nelement"):  # a torch tensor
+            return int(value.element_size() * value.nelement())
+        if hasattr(value, "nbytes") and hasattr(value, "dtype"):  # a numpy array
+            return int(value.nbytes)
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(size(v) for v in value)
+        return 0
+
+    return size(detector.state_dict())

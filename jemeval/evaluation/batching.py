@@ -39,10 +39,13 @@ from jemeval.plugins import get_registry
 from jemeval.progress import progress_bar
 from jemeval.registry import check_options, option_defaults, parse_spec
 from jemeval.runtime.devices import resolve_device
+from jemeval.runtime.memory import release_freed_memory
 from jemeval.runtime.shards import map_items, my_share
 from jemeval.sampling.sgld import frozen
 
 DEFAULT_BATCH_SIZE = 256
+#: batches between two hand-backs of freed memory in a gradient pass (:mod:`jemeval.runtime.memory`)
+TRIM_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,8 @@ def run_batches(
         out.update({"logits": logits if keep_logits else None, "features": features if keep_features else None,
                     "labels": y.long()}, **_batch_summaries(logits, features))
         bar.update(x.shape[0])
+        if need.grad and b % TRIM_EVERY == TRIM_EVERY - 1:
+            release_freed_memory()  # the gradient pass's freed buffers, else peak memory grows with N
         return {k: v.detach().cpu() for k, v in out.items() if v is not None}
 
     total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)

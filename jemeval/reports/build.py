@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jemeval.atomic import write_text_atomic
-from jemeval.context import RunContext, takes_context
-from jemeval.errors import UsageError
+from jemeval.context import RunContext, shared_datasets, takes_context
+from jemeval.errors import CheckpointError, UsageError
 from jemeval.evaluation.inputs import recorded_dataset
 from jemeval.formats.load import load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
@@ -131,6 +131,9 @@ def compute(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[
                     entry.note = notes[0] if notes else None
                 elif entry is None:  # rank 0's cache hit (this rank writes nothing, so needs no Results)
                     entry = Entry(section, m.sha256, cached=True)
+                else:  # the same bytes, maybe cached under another path: the runs name this model's path
+                    for result in entry.runs:
+                        named_path(result.provenance, m)
                 entries[(m.name, section)] = entry
                 bar.update(1)
     return entries
@@ -144,12 +147,32 @@ def compute_entry(folder: ReportFolder, section: str, m: ModelInfo, options: dic
     try:
         runs = run_section(section, m.path, options,
                            context=context.replace(progress=prefixed(context.progress, f"[{m.name} {section}]")))
+        check_unchanged(m, runs)
         if not write:
             return Entry(section, m.sha256, runs=runs, seconds=round(time.perf_counter() - start, 3))
         return save_entry(folder, section, m.sha256, key, runs, time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - reported in the page; the other sections go on
         seconds = round(time.perf_counter() - start, 3)
         return Entry(section, m.sha256, error=failure(D.shared_error(exc)), seconds=seconds)
+
+
+def check_unchanged(m: ModelInfo, runs: list[Result]) -> None:
+    """The runs read the bytes the report hashed (its cache key): a checkpoint replaced at the same path
+    while the report ran would otherwise be cached under the old file's hash, and shown as it."""
+    for result in runs:
+        read = (result.provenance.get("checkpoint") or {}).get("sha256")
+        if read and read != m.sha256:
+            raise CheckpointError(f"checkpoint {m.path!r} changed while the report ran (SHA-256 {m.sha256[:12]}... "
+                                  f"when described, {str(read)[:12]}... when {result.provenance.get('command')} "
+                                  "read it); rerun the report once the file is final")
+
+
+def named_path(prov: dict[str, Any], m: ModelInfo) -> None:
+    """A cached run's provenance names ``m``'s checkpoint path when it read the same bytes (the cache is
+    keyed on the checkpoint's content: a copy at another path reuses the entry)."""
+    checkpoint = prov.get("checkpoint")
+    if isinstance(checkpoint, dict) and checkpoint.get("sha256") == m.sha256 and os.path.isfile(m.path):
+        checkpoint["path"] = str(m.path)
 
 
 @takes_context
@@ -198,7 +221,8 @@ def report(
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
     folder = (claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name) if main
               else ReportFolder(out))  # the other ranks read the cache, never write
-    entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
+    with shared_datasets():  # each set loaded once for every (model, section), not once per pair
+        entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
     prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,

@@ -24,12 +24,14 @@ significant after it (:func:`decided`).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from jemeval.artifacts import OODScores
+from jemeval.errors import UsageError
 from jemeval.evaluation import paired
 from jemeval.evaluation.metrics import DEFAULT_BINS, ece, fpr95, nll
 from jemeval.reports.groups import row_key
@@ -84,8 +86,10 @@ def outcomes(section: str, results: list[Result]) -> Outcomes:
     return found
 
 
-def _test(kind: str, runs_a: list[tuple], runs_b: list[tuple], *, seed: int) -> dict[str, Any]:
-    """The paired test of one (row, metric) between two groups' runs (pooled over seed pairs)."""
+def _test(kind: str, runs_a: list[tuple], runs_b: list[tuple], *, seed: int,
+          shared: Callable[[str, Callable, tuple], tuple[float, np.ndarray]] | None = None) -> dict[str, Any]:
+    """The paired test of one (row, metric) between two groups' runs (pooled over seed pairs).
+    ``shared(side, metric, arrays)``: a bootstrap side's resampled metric, computed once per model."""
     pairs = min(len(runs_a), len(runs_b))
     if kind == "delong":
         labels = np.concatenate([a[0] for a in runs_a[:pairs]])
@@ -96,9 +100,50 @@ def _test(kind: str, runs_a: list[tuple], runs_b: list[tuple], *, seed: int) -> 
                                     np.concatenate([b[0] for b in runs_b[:pairs]]))
     metric = BOOTSTRAP[kind]
     if len(runs_a) == len(runs_b) == 1:
-        return paired.paired_bootstrap(metric, runs_a[0], runs_b[0], n_boot=N_BOOT, seed=seed, level=LEVEL)
-    a, b = paired.pooled_groups(runs_a, runs_b)
-    return paired.paired_bootstrap(paired.seed_mean(metric), a, b, n_boot=N_BOOT, seed=seed, level=LEVEL)
+        a, b = runs_a[0], runs_b[0]
+    else:
+        (a, b), metric = paired.pooled_groups(runs_a, runs_b), paired.seed_mean(metric)
+    if shared is None or not _pairable(a, b):  # paired_bootstrap states what is wrong
+        return paired.paired_bootstrap(metric, a, b, n_boot=N_BOOT, seed=seed, level=LEVEL)
+    return _bootstrap_result(shared("a", metric, a), shared("b", metric, b), seed=seed)
+
+
+def _pairable(a: tuple, b: tuple) -> bool:
+    """Whether paired_bootstrap would accept ``a`` and ``b`` (one length, >= 2 inputs, arrays)."""
+    arrays = [np.asarray(x) for x in (*a, *b)] if isinstance(a, tuple) and isinstance(b, tuple) else []
+    return bool(arrays) and all(x.ndim > 0 for x in arrays) and len({len(x) for x in arrays}) == 1 \
+        and len(arrays[0]) >= 2
+
+
+def resampled(metric: Callable, arrays: tuple, *, seed: int, n_boot: int = N_BOOT) -> tuple[float, np.ndarray]:
+    """One side of :func:`jemeval.evaluation.paired.paired_bootstrap`: the metric on the inputs and on
+    each resample it draws (``default_rng(seed).integers(0, n, (CHUNK, n))`` rows, chunk by chunk).
+    The draws depend on the seed and n alone, so every pair of a row resamples the same inputs and
+    a model's side is computed once per row, not once per pair (N models: N, not N(N-1), metric runs)."""
+    arrays = tuple(np.asarray(x) for x in arrays)
+    n = len(arrays[0])
+    everything = np.arange(n)  # the observed value, computed as paired_bootstrap computes it
+    observed = float(np.asarray(metric(*(x[everything] for x in arrays)), dtype=np.float64))
+    rng, values = np.random.default_rng(seed), np.empty(int(n_boot), dtype=np.float64)
+    for start in range(0, int(n_boot), paired.CHUNK):
+        index = rng.integers(0, n, size=(min(paired.CHUNK, int(n_boot) - start), n))
+        values[start:start + len(index)] = [metric(*(x[row] for x in arrays)) for row in index]
+    return observed, values
+
+
+def _bootstrap_result(side_a: tuple[float, np.ndarray], side_b: tuple[float, np.ndarray], *,
+                      seed: int) -> dict[str, Any]:
+    """paired_bootstrap's record from its two sides (the same arithmetic, so the same numbers)."""
+    (value_a, values_a), (value_b, values_b) = side_a, side_b
+    difference, deltas = value_a - value_b, values_a - values_b
+    if not np.isfinite(deltas).all() or not math.isfinite(difference):
+        raise UsageError("the metric gave a non-finite value on the inputs or a resample (e.g. a resample "
+                         "without one of the classes); choose a metric defined on every resample", param="metric")
+    extreme = np.count_nonzero(np.abs(deltas - difference) >= abs(difference))
+    ci_low, ci_high = np.quantile(deltas, [0.5 - LEVEL / 2.0, 0.5 + LEVEL / 2.0])
+    return {"test": "paired-bootstrap", "value_a": value_a, "value_b": value_b, "difference": difference,
+            "ci_low": float(ci_low), "ci_high": float(ci_high), "p_value": (1.0 + extreme) / (N_BOOT + 1.0),
+            "n_boot": N_BOOT, "seed": seed, "level": LEVEL}
 
 
 def _pooling(kind: str, n_a: int, n_b: int) -> str | None:
@@ -116,23 +161,34 @@ def compare(section: str, groups: Mapping[str, list[list[Result]]], values: Mapp
     -> its runs' Results; ``values``: model -> its (group) records, for the per-seed values of the
     between-seed check. One record per (row, metric, pair), Holm not yet applied."""
     per_model = {m: [outcomes(section, results) for results in runs] for m, runs in groups.items()}
-    records = []
+    records, sides = [], {}
     for model_a, model_b in itertools.combinations(list(groups), 2):
         shared = set.intersection(*(set(o) for o in per_model[model_a] + per_model[model_b]))
         for key in sorted(shared, key=repr):
-            records.append(_record(key, model_a, model_b, per_model, values, seed=seed))
+            records.append(_record(key, model_a, model_b, per_model, values, seed=seed, sides=sides))
     return records
 
 
-def _record(key, model_a: str, model_b: str, per_model, values, *, seed: int) -> dict[str, Any]:
+def _record(key, model_a: str, model_b: str, per_model, values, *, seed: int,
+            sides: dict | None = None) -> dict[str, Any]:
     section, row, metric = key
     kind = per_model[model_a][0][key][0]
     runs_a = [o[key][1] for o in per_model[model_a]]
     runs_b = [o[key][1] for o in per_model[model_b]]
     fields = {k: v for (k, _), v in zip(SPECS[section].keys, row)}
     record: dict[str, Any] = {"section": section, **fields, "metric": metric, "model_a": model_a, "model_b": model_b}
+    def shared(side: str, metric: Callable, arrays: tuple) -> tuple[float, np.ndarray]:
+        """A model's bootstrap side, kept in ``sides`` per (model, row, metric, how it is pooled)."""
+        memo_key = (model_a if side == "a" else model_b, key, getattr(metric, "__name__", repr(metric)))
+        if sides is None or memo_key not in sides:
+            found = resampled(metric, arrays, seed=seed)
+            if sides is None:
+                return found
+            sides[memo_key] = found
+        return sides[memo_key]
+
     try:
-        test = _test(kind, runs_a, runs_b, seed=seed)
+        test = _test(kind, runs_a, runs_b, seed=seed, shared=shared)
     except Exception as exc:  # noqa: BLE001 - a test that cannot run is stated, never the report's end
         return {**record, "test": kind, "p_value": None, "error": str(exc).strip().splitlines()[0][:200]}
     record.update({k: test[k] for k in ("test", "difference", "p_value") if k in test})

@@ -36,6 +36,7 @@ from torch.utils.data import Dataset, Subset
 
 from jemeval import __version__
 from jemeval.caches.detectors import CACHE_FORMAT, cache_path, load_state, save_state
+from jemeval.components.detector import state_bytes
 from jemeval.context import RunContext, takes_context
 from jemeval.data import (
     ArrayDataset,
@@ -157,7 +158,7 @@ class DetectorFitter:
 
     def fit(self, score: ScoreFn) -> dict[str, Any]:
         """Fit ``score``'s detector in place (from the cache when it holds it); what was done, for provenance."""
-        self._done[id(score.fn)] = report = self._fit(score)
+        self._done[id(score.fn)] = report = {**self._fit(score), "state_bytes": state_bytes(score.fn)}
         return report
 
     def _fit(self, score: ScoreFn) -> dict[str, Any]:
