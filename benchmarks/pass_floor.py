@@ -95,6 +95,9 @@ def variants(args, model, folder: Path, x_id, x_ood, y_id) -> dict[str, dict]:
     context = {"batch_size": args.batch, "progress": False, "seed": 0, "cache": False}
     idf, oodf = f"npz:{folder / 'id.npz'}", f"npz:{folder / 'ood.npz'}"
     xr, yr = x_id[:args.robust_n], y_id[:args.robust_n]
+    raw = np.load(folder / "id.npz")  # robust's own set: the first robust_n images, all attacked (no subsample)
+    np.savez(folder / "robust.npz", x_test=raw["x_test"][:args.robust_n], y_test=raw["y_test"][:args.robust_n])
+    robustf = f"npz:{folder / 'robust.npz'}"
     table = {
         "ood": (lambda: forward_backward_floor(model, [x_id, x_ood], args.batch),
                 lambda: evaluate_ood(model, oodf, id=idf, scores="logpx,maxprob,gradnorm", **context)),
@@ -103,7 +106,7 @@ def variants(args, model, folder: Path, x_id, x_ood, y_id) -> dict[str, dict]:
         "calibrate": (lambda: forward_floor(model, [x_id], args.batch),
                       lambda: calibrate(model, idf, **context)),
         "robust": (lambda: apgd_floor(model, xr, yr, args.robust_steps, args.batch),
-                   lambda: robust(model, norm="linf", attacks="apgd-ce", epsilons=[EPS], data=idf, n=args.robust_n,
+                   lambda: robust(model, norm="linf", attacks="apgd-ce", epsilons=[EPS], data=robustf, n=None,
                                   steps=args.robust_steps, restarts=1, **context)),
     }
     return {name: table[name] for name in args.only.split(",")}
