@@ -79,16 +79,38 @@ def test_resume_from_a_file_without_training_state_is_one_line(tmp_path):
     assert exc.value.param == "out"
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_the_fast_recipe_turns_bf16_on_only_where_the_cpu_has_it(monkeypatch, native):
+    from jemeval.training import recipes
+
+    monkeypatch.setattr(recipes, "native_cpu_bf16", lambda: native)
+    assert resolve_config("digits", recipe="fast").bf16 is (True if native else None)  # None: the device decides
+    assert resolve_config("digits", recipe="fast", bf16=False).bf16 is False  # the user's setting wins
+    assert resolve_config("digits").bf16 is None  # the paper's recipe never changes with the machine
+
+
+def test_native_cpu_bf16_reads_the_cpus_own_flags():
+    from pathlib import Path
+
+    from jemeval.training.recipes import native_cpu_bf16
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to compare with")
+    flags = cpuinfo.read_text().split()
+    assert native_cpu_bf16() == ("avx512_bf16" in flags or "amx_tile" in flags)
+
+
 def test_a_recipe_is_a_set_of_defaults_that_explicit_settings_override():
     from jemeval.training.recipes import FAST_DIGITS
 
     fast = resolve_config("digits", recipe="fast")
     assert fast.recipe == "fast" and fast.to_dict()["recipe"] == "fast"
     assert {k: getattr(fast, k) for k in FAST_DIGITS} == FAST_DIGITS
-    assert (fast.sgld_steps, fast.sgld_lr, fast.epochs, fast.decay_epochs, fast.energy_l2) == (10, 2.0, 15, (14,), 0.01)
+    assert (fast.sgld_steps, fast.sgld_lr, fast.epochs, fast.decay_epochs, fast.energy_l2) == (10, 2.0, 18, (17,), 0.01)
     paper = resolve_config("digits")
     assert paper.recipe == "paper" and paper.sampler == "sgld" and paper == resolve_config("digits", recipe="paper")
-    assert fast.arch == paper.arch and fast.batch_size == paper.batch_size  # only the recipe's keys change
+    assert fast.arch == paper.arch and fast.batch_size == paper.batch_size  # only the recipe's keys change (and bf16)
     assert resolve_config("digits[0-4]", recipe="fast").sgld_lr == 2.0  # by the dataset's base name
     mixed = resolve_config("digits", recipe="fast", sgld_steps=7, sampler="proximal")  # what the user sets wins
     assert (mixed.sgld_steps, mixed.sampler) == (7, "proximal") and mixed.epochs == fast.epochs
