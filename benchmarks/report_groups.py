@@ -71,18 +71,21 @@ def train(work: Path, seeds: list[int], jobs: int) -> list[str]:
     return lines
 
 
-def report_command(work: Path, models: int, seeds: list[int], out: str, preset: str) -> list[str]:
+def report_command(work: Path, models: int, seeds: list[int], out: str, preset: str,
+                   checkpoint: str = "last.pt") -> list[str]:
     """The README's command for ``models`` models (JEM first) of ``seeds`` seeds each: a quoted glob
-    where it matches exactly those seeds' runs, else one ``--model`` per run under one ``--name``."""
+    where it matches exactly those seeds' runs, else one ``--model`` per run under one ``--name``.
+    ``checkpoint``: last.pt, the recipe's end (the README's), or best.pt (the best validation epoch)."""
     cmd = [sys.executable, "-m", "jemeval", "report"]
     for kind in list(KINDS)[:models]:
         if len(seeds) == 1:
-            cmd += ["--model", f"runs/{kind}-s{seeds[0]}/best.pt"]
-        elif sorted(work.glob(f"runs/{kind}-s*/best.pt")) == sorted(work / f"runs/{kind}-s{s}/best.pt" for s in seeds):
-            cmd += ["--model", f"runs/{kind}-s*/best.pt"]
+            cmd += ["--model", f"runs/{kind}-s{seeds[0]}/{checkpoint}"]
+        elif sorted(work.glob(f"runs/{kind}-s*/{checkpoint}")) == sorted(
+                work / f"runs/{kind}-s{s}/{checkpoint}" for s in seeds):
+            cmd += ["--model", f"runs/{kind}-s*/{checkpoint}"]
         else:
             for s in seeds:
-                cmd += ["--model", f"runs/{kind}-s{s}/best.pt"]
+                cmd += ["--model", f"runs/{kind}-s{s}/{checkpoint}"]
         cmd += ["--name", NAMES[kind]]
     return cmd + ["--preset", preset, "--device", "cpu", "--out", out]
 
@@ -127,7 +130,8 @@ def measure(args: argparse.Namespace, work: Path, seeds: list[int], env: dict[st
     for _ in range(args.repeats):
         for models, n in cells:
             out = fresh(work, f"{models}x{n}")
-            times[(models, n)].append(time_report(work, report_command(work, models, seeds[:n], out, args.preset), env))
+            cmd = report_command(work, models, seeds[:n], out, args.preset, args.checkpoint)
+            times[(models, n)].append(time_report(work, cmd, env))
             last[(models, n)] = out
     base = cells[0]
     med = {c: {k: statistics.median(t[k] for t in times[c]) for k in ("wall", "cpu")} for c in cells}
@@ -261,6 +265,8 @@ def main() -> None:
                     help="OMP_NUM_THREADS of each report; 0 = unset (torch's default: what a user gets)")
     ap.add_argument("--train-jobs", type=int, default=2, help="trainings at a time (one thread each)")
     ap.add_argument("--preset", default="quick")
+    ap.add_argument("--checkpoint", default="last.pt", choices=("last.pt", "best.pt"),
+                    help="which checkpoint of each run the report reads (the README's: last.pt)")
     ap.add_argument("--readme", type=Path, default=None,
                     help="only print the README's tables from this report folder's report.json")
     args = ap.parse_args()
