@@ -177,6 +177,36 @@ def test_an_image_folder_is_decoded_lazily(tmp_path, monkeypatch):
     assert len(calls) == 5 and first[0].shape == (4, 3, 8, 8)
 
 
+@pytest.mark.slow  # worker processes start
+def test_workers_decode_a_folder_in_parallel_with_the_same_outputs(tmp_path, monkeypatch):
+    from PIL import Image
+
+    import jemeval.data as data_module
+
+    rng = np.random.default_rng(3)
+    for i in range(11):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / f"{i:02d}.png")
+    ds = load_dataset(f"folder:{tmp_path}")
+    model = tiny_model(3, (3, 8, 8))
+    loaders = []
+    real = data_module.DataLoader
+    monkeypatch.setattr(data_module, "DataLoader", lambda *a, **k: loaders.append(k["num_workers"]) or real(*a, **k))
+    scores = resolve_scores(["logpx", "gradnorm"])
+    alone = run_batches(model, ds, scores=scores, batch_size=4, sigma=0.1, seed=2, progress=False)
+    helped = run_batches(model, ds, scores=scores, batch_size=4, sigma=0.1, seed=2, progress=False, workers=2)
+    assert loaders == [0, 2]
+    np.testing.assert_array_equal(helped.logits, alone.logits)
+    for label in ("logpx", "gradnorm"):
+        np.testing.assert_array_equal(helped.scores[label], alone.scores[label])
+
+
+def test_workers_is_checked_in_one_line(tmp_path):
+    with pytest.raises(jemeval.errors.UsageError, match="workers must be a whole number >= 0, got -1"):
+        jemeval.RunContext(workers=-1)
+    result = runner().invoke(cli, ["eval", "--model", "m.pt", "--workers", "-1"])
+    assert_one_line_refusal(result, "--workers")
+
+
 def test_a_mapped_file_whose_bytes_change_does_not_hit_an_old_cache_key(tmp_path, images):
     x, y = images
     path = tmp_path / "d.npz"

@@ -202,20 +202,21 @@ NO_CACHE_HELP = ("Neither read nor write jemeval's caches (fitted detectors in $
 def run_options(*, batch_size: int | None = 256, batch_help: str = "Examples per forward pass.", data: bool = True,
                 download: bool = True, no_cache: bool = False, no_cache_help: str = NO_CACHE_HELP):
     """The options of a command's run context, as one bundle: --seed, --device, --batch-size (unless
-    ``batch_size`` is None), --data-root and --download (with ``data``; ``download=False`` leaves that
-    one out) and --no-cache (with ``no_cache``). The command receives one ``context``
+    ``batch_size`` is None), --data-root, --download and --workers (with ``data``; ``download=False``
+    leaves --download out) and --no-cache (with ``no_cache``). The command receives one ``context``
     (:class:`jemeval.context.RunContext`, with the command line's progress) instead of those values,
     and hands it to the function it wraps: a new run setting is a field of RunContext and an option
     here, nothing in the commands.
 
     Put it last (just above ``def cli``): the wrappers above it (``--nproc``, ``--model``) still see
-    the values of --device and --download as the user gave them.
-    """
+    the values of --device and --download as the user gave them."""
     options = [seed_option(0), device_option]
     if batch_size is not None:
         options.append(batch_size_option(batch_size, batch_help))
     if data:
         options.append(data_options if download else data_root_option)
+        options.append(click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True, help=(
+            "Processes decoding a dataset read image by image (folder:, torchvision sets) while the model computes.")))
     if no_cache:
         options.append(click.option("--no-cache", "no_cache", is_flag=True, help=no_cache_help))
 
@@ -238,7 +239,7 @@ def context_from_options(values: dict):
     return RunContext(seed=values.pop("seed"), device=resolve_device(values.pop("device")),
                       batch_size=values.pop("batch_size", None), progress=progress(),
                       data_root=values.pop("data_root", None), download=bool(values.pop("download", False)),
-                      cache=not values.pop("no_cache", False))
+                      cache=not values.pop("no_cache", False), workers=values.pop("workers", 0))
 
 
 class ModelOption(PathOption):

@@ -228,7 +228,7 @@ def run_batches(
 
     total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)
     with progress_bar(context.progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
-        done = map_items(one, noisy_batches(dataset, batch_size, device, sigma, context.seed))
+        done = map_items(one, noisy_batches(dataset, batch_size, device, sigma, context.seed, context.workers))
     settings = {"sigma": float(sigma), "noise_seed": int(context.seed) if sigma > 0 else None,
                 "batch_size": int(batch_size)}
     return _gather(done, model, dataset, scores, check_finite=check_finite, keep_logits=keep_logits,
@@ -236,12 +236,13 @@ def run_batches(
 
 
 def noisy_batches(dataset: Dataset, batch_size: int, device: torch.device, sigma: float,
-                  seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                  seed: int, workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The batches of ``dataset`` on ``device`` with their input noise, drawn from one generator seeded
     with ``seed`` for every batch in order on every rank (the draws of the batches another rank runs
-    are cheap, and keep one process's noise exactly)."""
+    are cheap, and keep one process's noise exactly). ``workers``: DataLoader processes decoding a
+    dataset read image by image (:func:`jemeval.data.iterate_batches`)."""
     generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
-    for x, y in iterate_batches(dataset, batch_size, device):
+    for x, y in iterate_batches(dataset, batch_size, device, num_workers=workers):
         x = x.float()
         if generator is not None:
             x = x + float(sigma) * torch.randn(x.shape, generator=generator, device=device, dtype=x.dtype)
