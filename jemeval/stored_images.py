@@ -179,3 +179,72 @@ def stored_rows(ds: Dataset) -> tuple[StoredImages, np.ndarray | None] | None:
         inner = np.asarray(inner, dtype=np.int64)
         rows = inner if rows is None else inner[rows]
     return ds, rows
+
+
+class GeneratedArray:
+    """A seeded noise image set (N x C x H x W float32 in [-1, 1]) that exists one block at a time.
+
+    ``make(rows, generator)`` draws ``rows`` images (``torch.rand`` or ``torch.randn`` and elementwise
+    arithmetic). Blocks of :data:`GENERATED_BLOCK` rows are drawn in order from one generator: torch's
+    CPU draws of consecutive blocks whose sizes are multiples of 16 values are the whole tensor's draws
+    bit for bit (tests/test_streaming_data.py checks it), so the set equals the one drawn at once,
+    without holding it (50k ImageNet-sized noise images would be 30 GB). The last block also takes
+    the rows that do not fill a block: ``torch.randn`` redraws the last 16 values of a tensor whose
+    size is not a multiple of 16, so the tail is drawn with the block before it, as in one draw.
+    Reading in order (the batch loop, a sorted subset) draws each block once; a jump back restarts
+    from the generator state kept every :data:`STATE_EVERY` blocks.
+    """
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, n: int, shape: tuple[int, ...], seed: int, make) -> None:
+        self.shape = (int(n), *shape)
+        self._make = make
+        self._generator = torch.Generator().manual_seed(int(seed))
+        self._saved = {0: self._generator.get_state()}  # block -> the generator's state at its start
+        self._next = 0  # the block the generator would draw next
+        self._blocks = max(1, int(n) // GENERATED_BLOCK)  # the last one holds the rows left over
+        self._last: tuple[int, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _block(self, k: int) -> torch.Tensor:
+        if self._last is not None and self._last[0] == k:
+            return self._last[1]
+        if k < self._next:  # back: from the last saved state at or before k
+            self._next = max(b for b in self._saved if b <= k)
+            self._generator.set_state(self._saved[self._next])
+        while True:
+            start = self._next * GENERATED_BLOCK
+            last = self._next == self._blocks - 1
+            out = self._make(self.shape[0] - start if last else GENERATED_BLOCK, self._generator)
+            self._next += 1
+            if self._next % STATE_EVERY == 0:
+                self._saved.setdefault(self._next, self._generator.get_state())
+            if self._next > k:
+                self._last = (k, out)
+                return out
+
+    def __getitem__(self, index) -> np.ndarray:
+        rows = np.arange(self.shape[0])[index]
+        scalar = np.ndim(rows) == 0
+        rows = np.atleast_1d(rows).astype(np.int64)
+        out = np.empty((len(rows), *self.shape[1:]), np.float32)
+        blocks = np.minimum(rows // GENERATED_BLOCK, self._blocks - 1)
+        for k in dict.fromkeys(blocks.tolist()):  # in the order the rows ask for them
+            where = blocks == k
+            out[where] = self._block(int(k)).numpy()[rows[where] - k * GENERATED_BLOCK]
+        return out[0] if scalar else out
+
+
+#: rows per drawn block of a :class:`GeneratedArray` (a multiple of 16: see its docstring), and the
+#: blocks between two kept generator states (~5 KB each)
+GENERATED_BLOCK, STATE_EVERY = 16, 64
+
+
+def generated_images(n: int, shape: tuple[int, ...], seed: int, make, *, name: str, info: dict) -> StoredImages:
+    """A noise set that is drawn block by block as the batch loop reads it (:class:`GeneratedArray`),
+    unlabelled, with the images of ``make(n, generator)`` drawn at once."""
+    ds = StoredImages(GeneratedArray(n, tuple(shape), seed, make), None, name=name, info=info, storage="generated")
+    return ds

@@ -117,6 +117,31 @@ def test_loading_a_50_mb_npz_does_not_hold_its_bytes(tmp_path):
     assert batches == 17 and peak - before < 30 * 1024  # the pages read are handed back batch by batch
 
 
+@pytest.mark.parametrize("name", ["uniform", "gaussian:std=0.5"])
+@pytest.mark.parametrize("shape,n", [((3, 32, 32), 1000), ((1, 1, 1), 777), ((1, 5, 5), 33), ((3, 2, 2), 5)])
+def test_noise_sets_drawn_block_by_block_are_the_whole_draw(name, shape, n):
+    # the reference: the whole set drawn at once, as 0.2 (and torch users) draw it
+    g = torch.Generator().manual_seed(0)
+    whole = (torch.rand((n, *shape), generator=g) * 2 - 1 if name == "uniform"
+             else (torch.randn((n, *shape), generator=g) * 0.5).clamp(-1, 1))
+    ds = load_dataset(name, "test", input_shape=shape, n=n)
+    assert ds.storage == "generated"
+    assert torch.equal(torch.cat([x for x, _ in iterate_batches(ds, 7)]), whole)
+    idx = np.random.default_rng(n).integers(0, n, 11)  # any order, repeats, jumps back
+    assert torch.equal(torch.cat([x for x, _ in iterate_batches(take(ds, idx), 4)]), whole[idx])
+    assert torch.equal(ds.x, whole) and torch.equal(ds[n - 1][0], whole[n - 1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_a_large_noise_set_is_never_held_whole():
+    before = rss_kib()
+    ds = load_dataset("uniform", "test", input_shape=(3, 32, 32), n=50000)  # 614 MB drawn at once
+    peak, count = before, 0
+    for x, _ in iterate_batches(ds, 500):
+        peak, count = max(peak, rss_kib()), count + len(x)
+    assert count == 50000 and peak - before < 40 * 1024
+
+
 @pytest.fixture
 def checkpoint(tmp_path):
     return save_checkpoint(tmp_path / "m.pt", create_model("cnn:width=4", 3, (3, 8, 8)))

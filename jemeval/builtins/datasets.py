@@ -28,6 +28,7 @@ from jemeval.builtins.file_datasets import _tv_transform, folder, npz
 from jemeval.data import ArrayDataset, load_dataset, to_arrays
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.hookspecs import hookimpl
+from jemeval.stored_images import generated_images
 
 SPLITS = ("train", "test")
 DIGITS_SPLIT = {"test_size": 0.25, "random_state": 0, "stratify": True}
@@ -144,10 +145,11 @@ def _shape(input_shape, name):
 
 
 def uniform(split, root, download, *, input_shape=None, n: int = 1000, seed: int = 0):
-    """U(-1, 1) noise images (unlabelled)."""
-    g = torch.Generator().manual_seed(int(seed) + (split == "train"))
-    x = torch.rand((int(n), *_shape(input_shape, "uniform")), generator=g) * 2 - 1
-    return ArrayDataset(x, name="uniform", info={"n": int(n), "seed": int(seed)})
+    """U(-1, 1) noise images (unlabelled), drawn block by block as they are read."""
+    shape = _shape(input_shape, "uniform")
+    return generated_images(int(n), shape, int(seed) + (split == "train"),
+                            lambda rows, g: torch.rand((rows, *shape), generator=g) * 2 - 1,
+                            name="uniform", info={"n": int(n), "seed": int(seed)})
 
 
 def constant(split, root, download, *, input_shape=None, n: int = 1000, value: float = -1.0):
@@ -157,10 +159,11 @@ def constant(split, root, download, *, input_shape=None, n: int = 1000, value: f
 
 
 def gaussian(split, root, download, *, input_shape=None, n: int = 1000, seed: int = 0, std: float = 1.0):
-    """N(0, std^2) noise images clipped to [-1, 1]."""
-    g = torch.Generator().manual_seed(int(seed) + (split == "train"))
-    x = (torch.randn((int(n), *_shape(input_shape, "gaussian")), generator=g) * float(std)).clamp(-1, 1)
-    return ArrayDataset(x, name="gaussian", info={"n": int(n), "seed": int(seed), "std": float(std)})
+    """N(0, std^2) noise images clipped to [-1, 1], drawn block by block as they are read."""
+    shape = _shape(input_shape, "gaussian")
+    return generated_images(int(n), shape, int(seed) + (split == "train"),
+                            lambda rows, g: (torch.randn((rows, *shape), generator=g) * float(std)).clamp(-1, 1),
+                            name="gaussian", info={"n": int(n), "seed": int(seed), "std": float(std)})
 
 
 def interp(split, root, download, *, variant: str | None = None, base: str | None = None, seed: int = 0):

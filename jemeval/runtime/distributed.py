@@ -20,9 +20,11 @@ world size) is in :mod:`jemeval.training.ddp`.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -153,6 +155,8 @@ def _join_group(backend: str, rank: int, world: int, env: Mapping[str, str], tim
 #: set once this process began joining its process group: a later error is exchanged through the
 #: group (:func:`raise_any`), not announced in the store (:func:`tell_peers`)
 _JOINING = False
+#: set once this process stopped on a peer's error (or on the launch's store closing): nothing to tell
+_HEARD = False
 _ARRIVAL_POLL_S = 0.1
 
 
@@ -174,17 +178,42 @@ def _arrive(store: Any, rank: int, world: int, env: Mapping[str, str], timeout_s
     """Wait until all ``world`` ranks arrived, or raise the one line of a rank that stopped before it
     joined (:func:`tell_peers`: a bad option, a missing file on its node) instead of waiting for it
     until the timeout. Ranks on other nodes start this together: torchrun's rendezvous gathered the nodes."""
+    global _HEARD
     prefix = _store_prefix(env)
-    store.add(prefix + "arrived", 1)
     deadline = time.monotonic() + timeout_s
-    while store.add(prefix + "arrived", 0) < world:
-        if store.check([prefix + "failed"]):
-            raise UsageError(store.get(prefix + "failed").decode(errors="replace"))
-        if time.monotonic() > deadline:
-            count = store.add(prefix + "arrived", 0)
-            raise JemevalError(f"only {count} of the launch's {world} processes started within {timeout_s:g} s: "
-                               "a node that never started or was killed (see its own output)")
-        time.sleep(_ARRIVAL_POLL_S)
+    with _quiet_native_stderr():  # a store the launch already closed is one line below, not torch's C++ frames
+        try:
+            store.add(prefix + "arrived", 1)
+            while store.add(prefix + "arrived", 0) < world:
+                if store.check([prefix + "failed"]):
+                    _HEARD = True  # a peer's error: not told back to the peers
+                    raise UsageError(store.get(prefix + "failed").decode(errors="replace"))
+                if time.monotonic() > deadline:
+                    count = store.add(prefix + "arrived", 0)
+                    raise JemevalError(f"only {count} of the launch's {world} processes started within "
+                                       f"{timeout_s:g} s: a node that never started or was killed (see its own output)")
+                time.sleep(_ARRIVAL_POLL_S)
+        except (UsageError, JemevalError):
+            raise
+        except Exception:  # noqa: BLE001 - torch's DistNetworkError: the launch closed its store
+            _HEARD = True
+            raise JemevalError("the launch stopped while this process waited for the others to start: another "
+                               "process or node failed (see its own line)") from None
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Send what C++ code writes to file descriptor 2 (torch's store warnings with their stack frames)
+    to /dev/null for the block; Python's own ``sys.stderr`` is flushed first and restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def tell_peers(message: str, env: Mapping[str, str] | None = None) -> bool:
@@ -197,13 +226,15 @@ def tell_peers(message: str, env: Mapping[str, str] | None = None) -> bool:
         rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
     except JemevalError:
         return False
-    if _JOINING or not world or world < 2 or rank is None or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-        return False
+    if _JOINING or _HEARD or not world or world < 2 or rank is None or "MASTER_ADDR" not in env \
+            or "MASTER_PORT" not in env:
+        return False  # after the join raise_any tells; a peer's own error is not told back
     if rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False  # rank 0 would host the store itself: nobody could read it
     try:
-        store = _launch_store(env, rank, world, datetime.timedelta(seconds=30))
-        store.compare_set(_store_prefix(env) + "failed", "", f"process {rank} of {world} stopped: {message}")
+        with _quiet_native_stderr():
+            store = _launch_store(env, rank, world, datetime.timedelta(seconds=30))
+            store.compare_set(_store_prefix(env) + "failed", "", f"process {rank} of {world} stopped: {message}")
     except Exception:  # noqa: BLE001 - no store to tell (rank 0's own store, or the launch is gone)
         return False
     return True

@@ -21,7 +21,10 @@ import signal
 import subprocess
 import sys
 
-import torch
+if __name__ == "__main__":  # the launcher itself: torch's C++ store warnings (a stopping peer's store) stay quiet
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read once, when torch loads: set it first
+
+import torch  # noqa: E402
 
 from jemeval.errors import UsageError
 from jemeval.runtime.distributed import available_cpus
@@ -94,6 +97,7 @@ def run_workers(argv: list[str]) -> int:
     only when that worker could not say why itself (a crash or a signal, not a jemeval error)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     logging.disable(logging.ERROR)  # its report is a traceback, its Ctrl-C a warning: the workers say why
@@ -109,13 +113,31 @@ def run_workers(argv: list[str]) -> int:
         if code not in EXPLAINED_EXITS:
             print(f"Error: process {rank} of the launch ended with exit status {code}", file=sys.stderr)
         return code if 0 < code < 256 else 1
+    except RendezvousError as exc:
+        if not _after_the_workers(exc):
+            print(f"Error: the launch's rendezvous failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1  # after the workers: another node's launcher closed the store first; the workers said why
     return 0
+
+
+def _after_the_workers(exc: BaseException) -> bool:
+    """Whether a rendezvous error came while the launcher closed the launch (its exit barrier or the
+    rendezvous' shutdown), after its workers ended and said why, rather than before they started."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("_exit_barrier", "shutdown"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def main(argv: list[str]) -> int:
     """The launcher process's entry: :func:`run_workers`, and 130 without a word for a Ctrl-C that
     came before torch's launcher took its signals over (while it was being imported): the workers stop
     by themselves and the jemeval process that relaunched says "Aborted!" once."""
+    # the workers too: torch's C++ warnings (a store a stopping peer already closed: a line and ~30
+    # stack frames) would follow a worker's one-line error; errors are still printed
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         return run_workers(argv)
     except KeyboardInterrupt:

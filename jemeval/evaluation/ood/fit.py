@@ -57,6 +57,7 @@ from jemeval.evaluation.ood.sets import fit_part, same_dataset, shares_fit_image
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.provenance import content_sha256
 from jemeval.runtime.shards import rank_and_world
+from jemeval.stored_images import StoredImages
 
 
 @dataclass
@@ -130,6 +131,8 @@ def dataset_fingerprint(ds: Dataset) -> str:
     if isinstance(ds, ArrayDataset):
         _hash_tensor(h, ds.x)
         _hash_tensor(h, ds.y)
+    elif isinstance(ds, StoredImages):  # a file's bytes are hashed below; a generated set is its info and shape
+        h.update(f"stored:{ds.stored.shape}:{ds.storage}".encode())
     elif isinstance(ds, (Subset, ClassSubset)):
         h.update(np.asarray(ds.indices, dtype=np.int64).tobytes())
         h.update(dataset_fingerprint(ds.dataset if isinstance(ds, Subset) else ds.base).encode())
