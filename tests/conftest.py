@@ -210,3 +210,55 @@ def _device_is_pinned(request, monkeypatch):
     if unpinned:
         pytest.fail(f"the test let jemeval pick the device ({unpinned[0]!r}); pass device='cpu' / --device cpu, "
                     "or mark it any_device if it only reaches an error", pytrace=False)
+
+
+# -- fixtures several test modules share (a module's own fixture of the same name wins there) -----------
+@pytest.fixture(scope="module")
+def clf(digits_classifier_ckpt):
+    """The digits classifier of :func:`digits_classifier_ckpt`, loaded once per test module."""
+    import jemeval
+
+    return jemeval.load_model(digits_classifier_ckpt)
+
+
+@pytest.fixture(scope="module")
+def reference(clf):
+    """The digits test set's float64 probabilities under ``clf`` and its labels, computed without
+    jemeval's evaluation code (what the calibration tests compare with)."""
+    import torch
+
+    import jemeval
+
+    ds = jemeval.load_dataset("digits", "test")
+    with torch.no_grad():
+        probs = torch.softmax(clf.net(ds.x).double(), dim=1).numpy()
+    return probs, ds.y.numpy()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A working folder holding an untrained digits-shaped model m.pt, with an empty detector cache."""
+    import torch
+
+    import jemeval
+    from jemeval.formats.native import save_checkpoint
+
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "m.pt", jemeval.create_model("cnn", 10, (1, 8, 8), width=4), dataset="digits")
+    monkeypatch.setenv("JEMEVAL_CACHE_DIR", str(tmp_path / "jc"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JEMEVAL_DEBUG", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def samples(home):
+    """s.npz in ``home``: 3 samples of m.pt (2 SGLD steps), written by ``jemeval sample``."""
+    from test_bad_inputs import runner
+
+    from jemeval.cli import cli
+
+    result = runner().invoke(cli, ["sample", "--model", "m.pt", "--n", "3", "--steps", "2", "--save", "s.npz",
+                                   "--device", "cpu"])
+    assert result.exit_code == 0, result.output + result.stderr
+    return home / "s.npz"

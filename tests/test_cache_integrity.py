@@ -27,17 +27,6 @@ from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.formats.native import save_checkpoint
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """An untrained digits-shaped model m.pt, and an empty detector cache folder."""
-    torch.manual_seed(0)
-    save_checkpoint(tmp_path / "m.pt", jemeval.create_model("cnn", 10, (1, 8, 8), width=4), dataset="digits")
-    monkeypatch.setenv("JEMEVAL_CACHE_DIR", str(tmp_path / "jc"))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("JEMEVAL_DEBUG", raising=False)
-    return tmp_path
-
-
 def knn(**kw):
     return evaluate_ood("m.pt", "uniform", scores=["knn"], n=60, device="cpu", progress=False, **kw)
 
@@ -155,14 +144,6 @@ def fd(*extra):
                                    "--device", "cpu", "--json", *extra])
     assert result.exit_code == 0, result.output + result.stderr
     return json.loads(result.stdout)
-
-
-@pytest.fixture
-def samples(home):
-    result = runner().invoke(cli, ["sample", "--model", "m.pt", "--n", "3", "--steps", "2", "--save", "s.npz",
-                                   "--device", "cpu"])
-    assert result.exit_code == 0, result.output + result.stderr
-    return home / "s.npz"
 
 
 def test_fidelity_features_with_ref_cache_is_honoured(samples, home, monkeypatch):

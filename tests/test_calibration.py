@@ -6,7 +6,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from scipy.optimize import minimize_scalar
 
@@ -19,20 +18,6 @@ from jemeval.plots.calibration import plot_calibration_result
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
-@pytest.fixture(scope="module")
-def reference(clf):
-    """Probabilities and labels computed without jemeval's evaluation code."""
-    ds = jemeval.load_dataset("digits", "test")
-    with torch.no_grad():
-        probs = torch.softmax(clf.net(ds.x).double(), dim=1).numpy()
-    return probs, ds.y.numpy()
 
 
 def _hand_ece(probs, labels, bins):

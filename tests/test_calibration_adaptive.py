@@ -15,10 +15,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-import torch
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
 
-import jemeval
 from jemeval.cli import cli
 from jemeval.errors import UsageError
 from jemeval.evaluation import metrics as mf
@@ -200,20 +198,6 @@ def test_registered_opt_in_and_listed():
 
 
 # -- calibrate(), the command and the figure ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
-@pytest.fixture(scope="module")
-def reference(clf):
-    """The test set's probabilities computed without jemeval's evaluation code."""
-    ds = jemeval.load_dataset("digits", "test")
-    with torch.no_grad():
-        probs = torch.softmax(clf.net(ds.x).double(), dim=1).numpy()
-    return probs, ds.y.numpy()
-
-
 def _table_ece(rows, n):
     return sum(r["count"] / n * abs(r["accuracy"] - r["confidence"]) for r in rows if r["count"])
 

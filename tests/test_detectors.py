@@ -23,11 +23,6 @@ from jemeval.evaluation.ood.evaluate import evaluate_ood
 
 
 @pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
-@pytest.fixture(scope="module")
 def fit_loader():
     """The images jemeval fits on for the classifier fixture (its checkpoint records no held-out split):
     the whole digits train split, in the batches pytorch-ood's fit reads them."""

@@ -16,11 +16,6 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
 def test_accuracy_and_nll_match_torch(clf):
     ds = jemeval.load_dataset("digits", "test")
     with torch.no_grad():

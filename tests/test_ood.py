@@ -23,11 +23,6 @@ from jemeval.progress import is_progress_line
 
 
 @pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
-@pytest.fixture(scope="module")
 def digits_test():
     return jemeval.load_dataset("digits", "test")
 

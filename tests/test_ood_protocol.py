@@ -18,11 +18,6 @@ from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.evaluation.ood.sets import expand_groups
 
 
-@pytest.fixture(scope="module")
-def clf(digits_classifier_ckpt):
-    return jemeval.load_model(digits_classifier_ckpt)
-
-
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 

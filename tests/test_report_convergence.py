@@ -16,8 +16,7 @@ import json
 import re
 
 import pytest
-import torch
-from helpers import without_timings
+from helpers import quick_digits_cnn, without_timings
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
 
 import jemeval
@@ -40,27 +39,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 CREATED = r"created \S+|\"created\": \"[^\"]*\""
 
 
-def _trained(path, seed):
-    torch.manual_seed(seed)
-    ds = jemeval.load_dataset("digits", "train")
-    model = jemeval.create_model("cnn", 10, (1, 8, 8), width=4)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(4):
-        for i in range(0, len(ds), 64):
-            loss = torch.nn.functional.cross_entropy(model(ds.x[i:i + 64]), ds.y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    from jemeval.formats.native import save_checkpoint
-
-    return save_checkpoint(path, model.eval(), dataset="digits")
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
-    return [_trained(folder / f"m{s}.pt", s) for s in (0, 1)]
+    return [quick_digits_cnn(folder / f"m{s}.pt", s) for s in (0, 1)]
 
 
 @pytest.fixture(scope="module")

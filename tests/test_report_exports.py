@@ -19,13 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import quick_digits_cnn
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
 
 import jemeval
 from jemeval.cli import cli
 from jemeval.errors import UsageError
-from jemeval.formats.native import save_checkpoint
 from jemeval.reports import exports as X
 from jemeval.reports.cache import EXPORT_NAMES, MANIFEST, REPORT_SCHEMA
 
@@ -38,27 +37,10 @@ ARGS = ["--sections", "accuracy,ood,robust", "--n", "40", "--ood", "near,far", "
         "--set", "robust.n=8", "--set", "robust.steps=2", "--device", "cpu"]
 
 
-def _trained(path: Path, seed: int) -> Path:
-    """A digits cnn after 4 quick epochs (accuracy well above chance, so the robust numbers are not all 0)."""
-    torch.manual_seed(seed)
-    ds = jemeval.load_dataset("digits", "train")
-    model = jemeval.create_model("cnn", 10, (1, 8, 8), width=4)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(4):
-        for i in range(0, len(ds), 64):
-            loss = torch.nn.functional.cross_entropy(model(ds.x[i:i + 64]), ds.y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    save_checkpoint(path, model.eval(), dataset="digits")
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
-    return [_trained(folder / f"m{s}.pt", s) for s in (0, 1)]
+    return [quick_digits_cnn(folder / f"m{s}.pt", s) for s in (0, 1)]
 
 
 def report_cli(out, models, *extra, names=("JEM", "CLF")):

@@ -27,7 +27,6 @@ import click
 import pytest
 import torch
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
-from test_nonfinite_outputs import save_digits_cnn
 
 import jemeval
 import jemeval.caches.detectors as detector_cache
@@ -118,16 +117,6 @@ def test_every_entry_point_takes_the_context_and_its_fields(name):
     params = inspect.signature(fn).parameters
     assert {*FIELDS, "context"} <= set(params), sorted(params)
     assert all(params[f].kind is inspect.Parameter.KEYWORD_ONLY for f in (*FIELDS, "context"))
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """m.pt (an untrained digits network) in a working folder, a detector cache of this test."""
-    save_digits_cnn(tmp_path / "m.pt")
-    monkeypatch.setenv("JEMEVAL_CACHE_DIR", str(tmp_path / "jc"))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("JEMEVAL_DEBUG", raising=False)
-    return tmp_path
 
 
 def _numbers(result):
@@ -260,14 +249,6 @@ def test_the_policy_folder_holds_the_states_instead_of_the_default(home, tmp_pat
 def test_a_read_only_policy_writes_nothing(home):
     result = _knn(cache=CachePolicy(write=False))
     assert result.provenance["settings"]["detectors"]["knn"]["cache"] is None and not (home / "jc").exists()
-
-
-@pytest.fixture
-def samples(home):
-    result = runner().invoke(cli, ["sample", "--model", "m.pt", "--n", "3", "--steps", "2", "--save", "s.npz",
-                                   "--device", "cpu"])
-    assert result.exit_code == 0, result.output + result.stderr
-    return home / "s.npz"
 
 
 def test_a_reference_features_file_is_left_alone_when_the_policy_says_so(samples, home):
