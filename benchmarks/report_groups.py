@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from jemeval.reports.tables import SPECS, fmt_key
+from jemeval.reports.tables import SPECS, fmt_count, fmt_key, fmt_p, fmt_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import header  # noqa: E402
@@ -168,29 +167,28 @@ def _value(record: dict, metric: str) -> str:
     return f"{value:.4f}" + (f" +- {sd:.4f}" if sd is not None else "")
 
 
-def _verdict(test: dict | None) -> str:
+def _p(test: dict | None) -> str:
+    """A test's p after Holm, as the page writes it (0.031, < 1e-4), or why there is none."""
     if test is None:
-        return "no test | | | |"
+        return "-"
     if test.get("p_holm") is None:
-        return f"cannot run: {test.get('error')} | {test.get('test')} | | |"
-    diff = f"{test['difference']:+.4f}" if isinstance(test.get("difference"), (int, float)) else "-"
-    if test.get("ci_low") is not None:
-        diff += f" [{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]"
-    mark = "**yes**" if test.get("significant") else "no"
-    between = (test.get("between_seeds") or {}).get("p_value")
-    welch = f"{between:.2g}" if isinstance(between, (int, float)) and math.isfinite(between) else "-"
-    return f"{diff} | {test['test']} | {_p(test['p_holm'])} | {mark} | {welch}"
+        return f"cannot run: {test.get('error')}"
+    return fmt_p(test["p_holm"]) + (" **yes**" if test.get("significant") else "")
 
 
-def _p(value: float) -> str:
-    return "< 1e-16" if value < 1e-16 else f"{value:.2g}"
+def _difference(test: dict | None) -> str:
+    if test is None or not isinstance(test.get("difference"), (int, float)):
+        return "no test"
+    diff = f"{test['difference']:+.4f}"
+    return diff + (f" [{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]" if test.get("ci_low") is not None else "")
 
 
 def readme_tables(data: dict) -> str:
-    """The README's worked-example tables from a report.json: per model ``mean +- sd`` over its
-    seeds, and the paired test of the first two models on each row (difference a - b with its 95%
-    interval, the test, p after Holm over every comparison of the report, significant at 0.05).
-    The better value is bold only where that test is significant in its direction."""
+    """The README's worked-example tables from a report.json: per model ``mean +- sd`` over its seeds
+    (flagged numbers marked), the difference of the first two models with the method-level test's 95%
+    interval, its p after Holm (or-hillis: do the methods differ?) and the input-level test's (do
+    these runs differ?). The better value is bold only where the deciding test is significant in its
+    direction and neither number is flagged, as on the page."""
     models = [g["model"] for g in data["groups"]["models"]][:2]
     if len(models) < 2:
         sys.exit("--readme: the report compares fewer than 2 models")
@@ -203,29 +201,38 @@ def readme_tables(data: dict) -> str:
         for r in data["groups"]["records"] + [r for r in data["records"] if (section, r["model"]) not in grouped]:
             if r["section"] == section and r["model"] in models:
                 rows.setdefault(tuple(str(r.get(k)) for k, _ in spec.keys), {})[r["model"]] = r
-        tests = {(tuple(str(c.get(k)) for k, _ in spec.keys), c["metric"]): c for c in data["comparisons"]
-                 if c["section"] == section and {c["model_a"], c["model_b"]} == set(models)}
+        tests: dict[tuple, dict[str, dict]] = {}
+        for c in data["comparisons"]:
+            if c["section"] == section and {c["model_a"], c["model_b"]} == set(models):
+                key = (tuple(str(c.get(k)) for k, _ in spec.keys), c["metric"])
+                tests.setdefault(key, {})[c.get("scope", "runs")] = c
         labels = {k: (label, better) for k, label, better in spec.metrics}
         heads = [label for _, label in spec.keys] + ["metric"] + [
             f"{m} ({n_runs[m]} seed{'s' if n_runs[m] > 1 else ''})" for m in models]
-        heads += [f"{models[0]} - {models[1]} [95% CI]", "test", "p (Holm)", "significant", "between seeds: Welch p"]
-        rule = "|" + "---|" * (len(spec.keys) + 1) + "---:|" * 3 + "---|---:|---|---:|"
+        heads += [f"{models[0]} - {models[1]} [95% CI]", "methods differ? or-hillis p (Holm)",
+                  "these runs differ? p (Holm)"]
+        rule = "|" + "---|" * (len(spec.keys) + 1) + "---:|" * 3 + "---:|---:|"
         out += ["", "| " + " | ".join(heads) + " |", rule]
         for key, by_model in rows.items():
             first = next(iter(by_model.values()))
             for metric in metrics:
                 if not any(isinstance(r.get(metric), (int, float)) for r in by_model.values()):
                     continue
-                test = tests.get((key, metric))
+                found = tests.get((key, metric), {})
+                method, runs = found.get("method"), found.get("runs")
+                deciding = method if method is not None else runs
                 cells = [_value(by_model.get(m, {}), metric) for m in models]
+                flagged = [metric == "robust_accuracy" and bool(by_model.get(m, {}).get("flags")) for m in models]
                 better = labels[metric][1]
-                if test and test.get("significant") and better and isinstance(test.get("difference"), (int, float)):
-                    winner = 0 if (test["difference"] > 0) == (better == "max") else 1
+                if deciding and deciding.get("significant") and better and not any(flagged) and isinstance(
+                        deciding.get("difference"), (int, float)):
+                    winner = 0 if (deciding["difference"] > 0) == (better == "max") else 1
                     cells[winner] = f"**{cells[winner]}**"
+                cells = [c + (" (flagged)" if f else "") for c, f in zip(cells, flagged)]
                 arrow = {"max": " ↑", "min": " ↓"}.get(better, "")
-                verdict = _verdict(test)
                 out.append("| " + " | ".join([fmt_key(k, first.get(k), first) for k, _ in spec.keys]
-                                             + [labels[metric][0] + arrow] + cells + [verdict]) + " |")
+                                             + [labels[metric][0] + arrow] + cells
+                                             + [_difference(deciding), _p(method), _p(runs)]) + " |")
     return "\n".join(out[1:] + [""] + summary_table(data))
 
 
@@ -237,19 +244,22 @@ SUMMARY = [("clean_accuracy", "clean accuracy"), ("robust_accuracy", "robust acc
 def _summary_cell(row: dict, key: str) -> str:
     value, sd = row.get(key), (row.get("sd") or {}).get(key)
     if key == "forward_passes" and isinstance(value, (int, float)):
-        return f"{value:g}"
+        return fmt_count(value)
     if key == "training_seconds" and isinstance(value, (int, float)):
-        return f"{value:.1f}" + (f" +- {sd:.1f}" if sd else "")
+        return fmt_seconds(value) + (f" +- {fmt_seconds(sd)}" if sd else "")
     return _value(row, key)
 
 
 def summary_table(data: dict) -> list[str]:
-    """report.json's one row per model (the JEM trilemma), ``mean +- sd`` over the seeds."""
-    lines = ["| model | K | robust at | best score | " + " | ".join(label for _, label in SUMMARY) + " |",
-             "|---|---:|---|---|" + "---:|" * len(SUMMARY)]
+    """report.json's one row per model (the JEM trilemma), ``mean +- sd`` over the seeds; its K is the
+    best among those whose robust numbers no check flagged."""
+    lines = ["| model | runs | K | robust at | best score | " + " | ".join(label for _, label in SUMMARY) + " |",
+             "|---|---:|---:|---|---|" + "---:|" * len(SUMMARY)]
     for row in data.get("summary") or []:
         cells = [_summary_cell(row, key) for key, _ in SUMMARY]
-        lines.append(f"| {row['model']} | {row.get('refine_steps')} | {row.get('norm')} eps {row.get('epsilon'):g} | "
+        where = f"{row.get('norm')} eps {row.get('epsilon'):g}" + (" (every K flagged)" if row.get("robust_flagged")
+                                                                    else "")
+        lines.append(f"| {row['model']} | {row.get('n_seeds', 1)} | {row.get('refine_steps')} | {where} | "
                      f"{row.get('score')} | " + " | ".join(cells) + " |")
     return lines
 

@@ -1,7 +1,7 @@
 """Attacks that show they converged (issue 27 item 3): `robust(eot_samples=[...], steps=[...])` and
 `jemeval robust --eot-samples 1,5,10,20 --steps 10,50,100` run every count on the same inputs and
-seeds and flag a curve whose robust accuracy still drops by more than its Wilson half-width between
-the last two counts.
+seeds; a curve is converged only when the last two counts' paired outcomes show no significant drop
+(exact McNemar) and the drop's upper 95% limit (Newcombe) is below the tolerance (issue 33 item 3).
 
 The acceptance model needs many EOT samples by construction (:class:`Wiggly`): a nearest-class-mean
 linear classifier on digits plus ``B sin(omega z) @ r``, a term whose expectation under the chains'
@@ -13,20 +13,23 @@ keeps falling with the EOT count long after EOT = 1 has claimed robustness.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from scipy.stats import binomtest
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
 from torch import nn
 
 import jemeval
 from jemeval.cli import cli
 from jemeval.energy.model import EnergyModel
-from jemeval.evaluation.robust.checks import convergence, mark_converged, sanity_checks
+from jemeval.evaluation.robust.checks import sanity_checks
+from jemeval.evaluation.robust.convergence import convergence, mark_converged, paired_difference_interval
 from jemeval.evaluation.robust.evaluate import robust
 from jemeval.evaluation.robust.intervals import wilson_interval
 
 #: keys that differ between two runs of the same attack (wall time) or only exist after a sweep
-UNPAIRED = ("seconds", "converged")
+UNPAIRED = ("seconds", "converged", "flags")
 
 
 class Wiggly(nn.Module):
@@ -75,17 +78,19 @@ def test_eot_sweep_flags_a_defence_whose_attack_needs_many_eot_samples(tmp_path)
     accs = [at(res, 0.2, eot_samples=c)["robust_accuracy"] for c in (1, 4, 16)]
     assert accs[0] > accs[2] + 0.15  # EOT = 1 overestimates robustness
     before, last = accs[1], accs[2]
-    low, high = wilson_interval(round(last * 200), 200)  # independent of the records' own interval
-    assert before - last > (high - low) / 2  # the sweep's last step still drops by more than the half-width
+    (verdict,) = [v for v in res.extra["convergence"] if v["epsilon"] == 0.2]
+    b, c = verdict["broken"], verdict["gained"]
+    assert b - c == round((before - last) * 200)  # the paired counts explain the drop of the two accuracies
+    assert verdict["p_value"] == pytest.approx(binomtest(b, b + c).pvalue) and verdict["p_value"] < 0.05  # scipy
     assert all(r["converged"] is False for r in res.records if r["epsilon"] == 0.2)
     assert all(r["converged"] is True for r in res.records if r["epsilon"] == 0)  # nothing attacked: flat
-    message = (f"pgd K=1 eot eps=0.2: {before:.3f} -> {last:.3f} from 4 to 16 EOT samples, more than the "
-               f"{(high - low) / 2:.3f} half-width: not converged")
+    message = f"pgd K=1 eot eps=0.2: {before:.3f} -> {last:.3f} from 4 to 16 EOT samples, {b} inputs broken and {c}"
     (check,) = [c for c in res.extra["checks"] if c["check"] == "attack_converged"]
     assert not check["passed"] and check["message"].startswith("WARNING: " + message)
+    assert "not converged (the drop is significant)" in check["message"]
     assert check["message"] in res.notes and check["axis"] == "eot_samples"
-    (verdict,) = [v for v in res.extra["convergence"] if v["epsilon"] == 0.2]
     assert verdict["counts"] == [1, 4, 16] and verdict["robust_accuracy"] == accs and verdict["converged"] is False
+    assert res.provenance["settings"]["sweep"]["converge_tolerance"] == 0.01
     assert res.provenance["settings"]["eot_samples"] == [1, 4, 16]
     assert res.provenance["settings"]["sweep"]["eot_samples"] == [1, 4, 16]
     # the other checks judge the sweep's last count only (one curve, not three)
@@ -98,12 +103,12 @@ def test_eot_sweep_flags_a_defence_whose_attack_needs_many_eot_samples(tmp_path)
     assert "attack_converged" not in {c["check"] for c in single.extra["checks"]}
     assert single.provenance["settings"]["eot_samples"] == 16 and "sweep" not in single.provenance["settings"]
 
-    # carried on to 64 draws, the same defence's curve flattens: converged (and the paired 16 is the same run)
-    longer = robust(model, eot_samples=[16, 64], **NOISY)
-    assert paired(at(longer, 0.2, eot_samples=16)) == paired(at(res, 0.2, eot_samples=16))
-    drop = at(longer, 0.2, eot_samples=16)["robust_accuracy"] - at(longer, 0.2, eot_samples=64)["robust_accuracy"]
-    rec64 = at(longer, 0.2, eot_samples=64)
-    assert drop <= (rec64["ci_high"] - rec64["ci_low"]) / 2 and rec64["converged"] is True
+    # carried on from 64 to 128 draws, the same defence's curve flattens (measured: 5 inputs broken, 2
+    # regained): no significant drop, and converged at a tolerance its 200 inputs can resolve
+    longer = robust(model, eot_samples=[64, 128], converge_tolerance=0.05, **NOISY)
+    (flat,) = [v for v in longer.extra["convergence"] if v["epsilon"] == 0.2]
+    assert flat["p_value"] >= 0.05 and flat["drop_ci_high"] < 0.05 and flat["converged"] is True
+    assert at(longer, 0.2, eot_samples=128)["converged"] is True
     assert [c["passed"] for c in longer.extra["checks"] if c["check"] == "attack_converged"] == [True]
 
     # the figure: beside accuracy vs epsilon (at the last count), accuracy vs EOT samples, the curve flagged
@@ -123,7 +128,7 @@ def test_a_deterministic_defence_is_converged():
     model = wiggly(0.0)
     common = dict(norm="linf", refine_steps=0, attacks="pgd", epsilons=[0, 0.1, 0.2], data="digits", n=100,
                   grad_mode="eot", chains=2, device="cpu", progress=False)
-    res = robust(model, eot_samples=[1, 4, 16], steps=[10, 20], **common)
+    res = robust(model, eot_samples=[1, 4, 16], steps=[10, 20], converge_tolerance=0.05, **common)
     assert sorted((r["grad_mode"], r["eot_samples"], r["steps"]) for r in res.records) == sorted(
         [("full", 1, 10)] * 3 + [("full", 1, 20)] * 3)  # deterministic: the EOT mode collapses to full
     for eps in (0.1, 0.2):
@@ -133,13 +138,18 @@ def test_a_deterministic_defence_is_converged():
     assert 0.1 < at(res, 0.1, steps=20)["robust_accuracy"] < 0.9  # a point where the attack has work to do
     assert all(r["converged"] is True for r in res.records)
     by_axis = {v["axis"]: v for v in res.extra["convergence"] if v["epsilon"] == 0.2}
-    assert by_axis["eot_samples"]["converged"] is True and by_axis["eot_samples"]["half_width"] is None
+    assert by_axis["eot_samples"]["converged"] is True and by_axis["eot_samples"].get("drop") is None
     assert "deterministic at K=0" in by_axis["eot_samples"]["message"]
     assert by_axis["steps"]["counts"] == [10, 20] and by_axis["steps"]["converged"] is True
+    assert (by_axis["steps"]["broken"], by_axis["steps"]["gained"]) == (0, 0)
+    # no input changed, but 100 inputs cannot rule out a drop of one point: not converged at the default
+    strict = robust(model, eot_samples=1, steps=[10, 20], **common)
+    (v,) = [v for v in strict.extra["convergence"] if v["epsilon"] == 0.2]
+    assert v["drop_ci_high"] > 0.01 and v["converged"] is False and "more inputs" in v["message"]
     checks = [c for c in res.extra["checks"] if c["check"] == "attack_converged"]
     assert {c["axis"] for c in checks} == {"eot_samples", "steps"} and all(c["passed"] for c in checks)
     # a single steps count and EOT count keep meaning what they did: the sweep's steps=20 run, exactly
-    single = robust(model, eot_samples=16, steps=20, **common)
+    single = robust(model, eot_samples=16, steps=20, converge_tolerance=0.05, **common)
     assert [paired(r) for r in single.records] == [paired(at(res, e, steps=20)) for e in (0, 0.1, 0.2)]
 
 
@@ -154,36 +164,89 @@ def test_a_sweep_that_changes_no_run_says_so():
     assert "attack_converged" not in {c["check"] for c in res.extra["checks"]}
 
 
-def _rec(eps, acc, n=100, **counts):
-    low, high = wilson_interval(round(acc * n), n)
-    return {"attack": "pgd", "refine_steps": 2, "grad_mode": "eot", "epsilon": eps, "robust_accuracy": acc,
-            "clean_accuracy": 0.9, "n": n, "ci_low": low, "ci_high": high, "norm": "linf", **counts}
+def _curve(eps, before, after, *, n=300, counts=(5, 10), axis="eot_samples"):
+    """Records and per-input outcomes of one curve at two counts: ``before``/``after`` the robust inputs."""
+    recs, outs = [], []
+    for count, robust_set in zip(counts, (before, after)):
+        correct = [i in robust_set for i in range(n)]
+        low, high = wilson_interval(len(robust_set), n)
+        recs.append({"attack": "pgd", "refine_steps": 2, "grad_mode": "eot", "epsilon": eps, "norm": "linf",
+                     "robust_accuracy": len(robust_set) / n, "clean_accuracy": 0.9, "n": n, "ci_low": low,
+                     "ci_high": high, "eot_samples": count if axis == "eot_samples" else 10,
+                     "steps": count if axis == "steps" else 10})
+        outs.append({"correct": correct})
+    return recs, outs
 
 
-def test_the_verdict_compares_the_last_two_counts_with_the_last_half_width():
-    half = (lambda lo_hi: (lo_hi[1] - lo_hi[0]) / 2)(wilson_interval(40, 100))  # 0.40 on n = 100: 0.095
-    recs = [_rec(0.1, 0.90, eot_samples=1, steps=10), _rec(0.1, 0.50, eot_samples=5, steps=10),
-            _rec(0.1, 0.40, eot_samples=10, steps=10),                       # 0.50 -> 0.40: 0.10 > 0.095
-            _rec(0.2, 0.60, eot_samples=1, steps=10), _rec(0.2, 0.49, eot_samples=5, steps=10),
-            _rec(0.2, 0.40, eot_samples=10, steps=10)]                       # 0.49 -> 0.40: 0.09 <= 0.095
-    verdicts = convergence(recs, swept=["eot_samples"])
-    assert [(v["epsilon"], v["converged"]) for v in verdicts] == [(0.1, False), (0.2, True)]
-    assert verdicts[0]["half_width"] == pytest.approx(half) and verdicts[0]["counts"] == [1, 5, 10]
-    mark_converged(recs, verdicts)
-    assert [r["converged"] for r in recs] == [False] * 3 + [True] * 3
-    checks = sanity_checks(recs, verdicts=verdicts)
-    (check,) = [c for c in checks if c["check"] == "attack_converged"]
-    assert not check["passed"] and "eps=0.1: 0.500 -> 0.400 from 5 to 10 EOT samples" in check["message"]
-    assert "eps=0.2" not in check["message"]
-    # a rise is no drop; one axis failing fails the record, an axis that does not apply (None) does not count
-    recs[2]["robust_accuracy"] = 0.55
-    assert convergence(recs, swept=["eot_samples"])[0]["converged"] is True
-    both = convergence(recs, swept=["eot_samples", "steps"])
-    assert [v["converged"] for v in both if v["axis"] == "steps"] == [None, None]  # one steps count: no sweep
-    # the verdict is taken at the other axis's largest count
-    recs += [_rec(0.1, 0.55, eot_samples=5, steps=50), _rec(0.1, 0.30, eot_samples=10, steps=50)]
-    (v,) = [v for v in convergence(recs, swept=["eot_samples"]) if v["epsilon"] == 0.1]
-    assert v["counts"] == [5, 10] and v["robust_accuracy"] == [0.55, 0.30] and v["converged"] is False
+def test_a_drop_of_six_inputs_and_no_gain_is_not_converged_whatever_the_wilson_half_width():
+    """The issue's case: 10 steps break 6 inputs the 1-step attack left robust and regain none: exact McNemar
+    p = 2 / 2^6 = 0.031, so not converged, although the drop (0.02) is within the last count's Wilson
+    half-width (0.054), the rule 0.3 applied."""
+    before = set(range(200))
+    recs, outs = _curve(0.1, before, before - set(range(6)), counts=(1, 10), axis="steps")
+    low, high = wilson_interval(194, 300)
+    assert 0.02 < (high - low) / 2  # the old unpaired rule would have called it converged
+    (v,) = convergence(recs, outs, swept=["steps"])
+    assert (v["broken"], v["gained"]) == (6, 0) and v["p_value"] == pytest.approx(0.03125)
+    assert binomtest(6, 6).pvalue == pytest.approx(0.03125)
+    assert v["converged"] is False and "not converged (the drop is significant)" in v["message"]
+    mark_converged(recs, [v])
+    assert [r["converged"] for r in recs] == [False, False]
+    (check,) = [c for c in sanity_checks(recs, verdicts=[v]) if c["check"] == "attack_converged"]
+    assert not check["passed"] and "6 inputs broken and 0 regained" in check["message"]
+
+
+def test_converged_needs_no_significant_drop_and_an_upper_limit_below_the_tolerance():
+    same = set(range(195))
+    (v,) = convergence(*_curve(0.1, same, same), swept=["eot_samples"])  # nothing changed on 300 inputs
+    assert v["drop"] == 0 and v["drop_ci_high"] < 0.01 and v["converged"] is True
+    swapped = (same - {0, 1, 2}) | {296, 297, 298}  # 3 broken, 3 regained: no drop, but 300 inputs cannot
+    recs, outs = _curve(0.1, same, swapped)         # rule out a drop of one point
+    (v,) = convergence(recs, outs, swept=["eot_samples"])
+    assert v["p_value"] == 1.0 and v["drop_ci_high"] > 0.01 and v["converged"] is False
+    assert "not converged (the limit is not below 0.01: more inputs" in v["message"]
+    (v,) = convergence(recs, outs, swept=["eot_samples"], tolerance=0.05)
+    assert v["converged"] is True and v["tolerance"] == 0.05
+    # a rise is judged as a drop is: a significant gain means the numbers still move
+    (v,) = convergence(*_curve(0.1, same - set(range(8)), same), swept=["eot_samples"])
+    assert v["drop"] < 0 and v["p_value"] < 0.05 and v["converged"] is False
+
+
+def test_the_verdict_is_taken_at_the_other_axis_largest_count():
+    recs, outs = _curve(0.1, set(range(150)), set(range(150)), counts=(5, 10))
+    r2, o2 = _curve(0.1, set(range(150)), set(range(100)), counts=(5, 10))
+    for r in r2:
+        r["steps"] = 50  # the same EOT counts at more attack steps: the verdict reads these
+    (v,) = [v for v in convergence(recs + r2, outs + o2, swept=["eot_samples"])]
+    assert v["counts"] == [5, 10] and v["robust_accuracy"] == [0.5, 100 / 300] and v["converged"] is False
+    both = convergence(recs, outs, swept=["eot_samples", "steps"])
+    assert [v["converged"] for v in both if v["axis"] == "steps"] == [None]  # one steps count: no sweep
+    with pytest.raises(ValueError, match="one outcome per record"):
+        convergence(recs, outs[:1], swept=["eot_samples"])
+
+
+def test_newcombe_interval_equals_statsmodels_where_the_pairs_are_uncorrelated():
+    """With ad = bc (phi = 0) Newcombe's paired method 10 is his unpaired method 10 on the two margins,
+    which statsmodels implements (confint_proportions_2indep, method "newcomb")."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    for a, b, c, d in ((4, 2, 6, 3), (20, 10, 40, 20), (90, 5, 90, 5), (1, 1, 1, 1)):
+        assert a * d == b * c
+        n = a + b + c + d
+        expected = confint_proportions_2indep(a + b, n, a + c, n, method="newcomb", compare="diff")
+        assert paired_difference_interval(a, b, c, d) == pytest.approx(tuple(expected), abs=1e-12)
+
+
+def test_newcombe_interval_covers_the_paired_difference():
+    """Coverage of the true p10 - p01 over 2000 tables from each of several paired designs (robust
+    outcomes at two attack counts: mostly concordant, a few inputs change): at least 0.93."""
+    rng = np.random.default_rng(0)
+    for n, probs in ((300, (0.6, 0.02, 0.01, 0.37)), (200, (0.3, 0.005, 0.0, 0.695)), (100, (0.5, 0.1, 0.1, 0.3)),
+                     (300, (0.05, 0.01, 0.0, 0.94))):
+        truth = probs[1] - probs[2]
+        tables = rng.multinomial(n, probs, size=2000)
+        covered = [lo <= truth <= hi for lo, hi in (paired_difference_interval(*t) for t in tables)]
+        assert np.mean(covered) >= 0.93, (n, probs, np.mean(covered))
 
 
 def _untrained_digits_cnn(tmp_path):

@@ -77,16 +77,18 @@ def test_table_holds_the_last_counts_equal_to_robust_run_directly(swept, models)
                                                                                              (4, 8)}
     alone = jemeval.robust(str(models[0]), eot_samples=4, steps=8, **DIRECT)
     top = {k: max((r["eot_samples"], r["steps"]) for r in records if r["refine_steps"] == k) for k in (0, 1)}
-    last = [{k: v for k, v in r.items() if k not in ("section", "model", "converged")} for r in records
+    swept_only = ("section", "model", "converged", "flags")  # a verdict, and the flag it raises, need a sweep
+    last = [{k: v for k, v in r.items() if k not in swept_only} for r in records
             if (r["eot_samples"], r["steps"]) == top[r["refine_steps"]]]
-    assert without_timings(last) == without_timings([{k: v for k, v in r.items() if k != "converged"}
+    assert without_timings(last) == without_timings([{k: v for k, v in r.items() if k not in swept_only}
                                                      for r in alone.records])  # the sweep is paired
     page = (out / "report.md").read_text()
     rows = table_rows(page)
     assert len(rows) == 4, page
     for r in alone.records:
         eps = "0" if r["epsilon"] == 0 else f"{r['epsilon']:g}"
-        assert rows[(str(r["refine_steps"]), eps)][0] == cell(r)  # one count per cell: the last
+        shown = rows[(str(r["refine_steps"]), eps)][0]
+        assert shown.removesuffix(" (flagged)") == cell(r)  # one count per cell: the last
     assert "Attack sweep: EOT samples 1, 4, attack steps 1, 8" in page
     assert "robust accuracy at the last counts (4 EOT samples, 8 attack steps" in page
 
@@ -106,8 +108,11 @@ def test_a_table_never_mixes_counts_whatever_the_records_order():
 # -- 2. the verdicts and the checklist item on the page ---------------------------------------------
 def verdict_text(v) -> str:
     """A verdict as the page must state it, built from the result's own ``convergence`` entry."""
+    state = "converged" if v["converged"] else "NOT converged"
+    if v.get("drop") is None:
+        return f"{state} (deterministic)"
     accs = " → ".join(f"{a:.3f}" for a in v["robust_accuracy"])
-    return f"{'converged' if v['converged'] else 'NOT converged'}: {accs} (±{v['half_width']:.3f})"
+    return f"{state}: {accs} (-{v['broken']}/+{v['gained']} inputs, drop <= {v['drop_ci_high']:+.3f})"
 
 
 def test_page_names_each_models_verdict_and_the_checklist_item(swept):
@@ -132,26 +137,35 @@ def test_page_names_each_models_verdict_and_the_checklist_item(swept):
 
 def test_a_verdict_that_did_not_converge_is_named_and_ringed(tmp_path):
     """The attack: a sweep whose attack still drops between its last two counts."""
-    from jemeval.evaluation.robust.checks import convergence, mark_converged, sanity_checks
+    from jemeval.evaluation.robust.checks import record_flags, sanity_checks
+    from jemeval.evaluation.robust.convergence import convergence, mark_converged
     from jemeval.plots.report import plot_convergence_overlay
 
-    def rec(eot, acc, lo, hi):
+    def rec(eot, robust):
         return {"attack": "pgd", "norm": "l2", "refine_steps": 1, "grad_mode": "eot", "epsilon": 0.5, "n": 50,
-                "robust_accuracy": acc, "clean_accuracy": 0.9, "ci_low": lo, "ci_high": hi, "eot_samples": eot,
-                "steps": 10}
-    records = [rec(1, 0.8, 0.67, 0.89), rec(4, 0.6, 0.46, 0.72), rec(16, 0.3, 0.19, 0.44)]
-    verdicts = convergence(records, swept=["eot_samples"])
+                "robust_accuracy": len(robust) / 50, "clean_accuracy": 0.9, "ci_low": 0.1, "ci_high": 0.9,
+                "eot_samples": eot, "steps": 10}, {"correct": [i in robust for i in range(50)]}
+    (r1, o1), (r4, o4), (r16, o16) = rec(1, set(range(40))), rec(4, set(range(30))), rec(16, set(range(15)))
+    records = [r1, r4, r16]
+    verdicts = convergence(records, [o1, o4, o16], swept=["eot_samples"])
     mark_converged(records, verdicts)
     checks = sanity_checks(records, verdicts=verdicts)
+    record_flags(records, checks, stochastic_ks=[1])
     res = Result(records, {"settings": {"sweep": {"eot_samples": [1, 4, 16]}}},
                  extra={"checks": checks, "convergence": verdicts}, notes=[c["message"] for c in checks])
     blocks = section_blocks("robust", {}, {"M": [res]}, {}, [], out=None)
     (table,) = [b for b in blocks if isinstance(b, Table) and b.title and "attack_converged" in b.title]
+    (v,) = verdicts
+    assert (v["broken"], v["gained"]) == (15, 0)
     assert table.rows == [["l2", "pgd", "eot", "1", "0.5", "EOT samples", "1, 4, 16",
-                           "NOT converged: 0.800 → 0.600 → 0.300 (±0.125)"]]
+                           f"NOT converged: 0.800 → 0.600 → 0.300 (-15/+0 inputs, drop <= {v['drop_ci_high']:+.3f})"]]
     bullets = [b for b in blocks if type(b).__name__ == "Bullets"]
     assert any("WARNING: pgd K=1 eot eps=0.5: 0.600 -> 0.300 from 4 to 16 EOT samples" in item
                and "not converged" in item and item.endswith("(M)") for b in bullets for item in b.items)
+    # the number the sweep reports is flagged where it stands, and the page says why
+    assert r16["flags"] == ["attack not converged"]
+    assert any("M, attack pgd, gradient eot, K 1, eps 0.5: attack not converged" in item
+               for b in bullets for item in b.items)
     path = plot_convergence_overlay({"M": [(records, verdicts)]}, tmp_path / "c.png")
     assert path.read_bytes()[:8] == PNG
 

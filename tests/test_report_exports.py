@@ -247,9 +247,9 @@ def _keywords(schema: dict) -> set[str]:
 
 def test_report_json_is_versioned_and_valid_against_the_shipped_schema(exported):
     out, report = exported
-    assert report["schema"] == REPORT_SCHEMA == "jemeval-report/1"
+    assert report["schema"] == REPORT_SCHEMA == "jemeval-report/2"
     schema = X.report_schema()
-    assert schema["properties"]["schema"]["const"] == REPORT_SCHEMA
+    assert schema["properties"]["schema"]["enum"] == ["jemeval-report/1", REPORT_SCHEMA]
     assert X.schema_problems(report) == [] and X.schema_problems(json.loads((out / "report.json").read_text())) == []
     # the checker checks every keyword the schema uses (none silently ignored)
     assert _keywords(schema) <= set(X.CHECKED_KEYWORDS) | set(X.ANNOTATIONS)
@@ -300,7 +300,8 @@ def test_an_old_report_folder_resumes_and_exports(tmp_path, exported, models):
     future = json.loads((out / "report.json").read_text()) | {"schema": "jemeval-report/9"}
     (out / "report.json").write_text(json.dumps(future))
     before = snapshot(out)
-    with pytest.raises(UsageError, match="has schema 'jemeval-report/9'; this jemeval reads 'jemeval-report/1'"):
+    with pytest.raises(UsageError, match="has schema 'jemeval-report/9'; this jemeval reads jemeval-report/1, "
+                                         "jemeval-report/2"):
         X.write_exports(out, "openood,robustbench")
     assert snapshot(out) == before
     assert os.path.isfile(out / "openood.csv")

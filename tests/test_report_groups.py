@@ -20,10 +20,13 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import binomtest, norm
+from sklearn.metrics import roc_auc_score
 from test_bad_inputs import assert_one_line_refusal, runner, snapshot
 
 import jemeval
 from jemeval.cli import cli
+from jemeval.evaluation import mrmc
+from jemeval.evaluation.figures_of_merit import bootstrap_counts
 from jemeval.evaluation.metrics import ece, fpr95
 from jemeval.formats.native import save_checkpoint
 from jemeval.provenance import file_sha256
@@ -101,7 +104,8 @@ def test_group_records_are_mean_and_sd_of_the_single_runs(grouped, runs):
     assert mine == per_seed[1]
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 0 | accuracy ↑ |"))
-    assert f"{statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f} (2 seeds)" in row
+    assert f"| {statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f} |" in row  # (n seeds): in the header
+    assert "| K (refinement steps) | metric | A (2 seeds) | B (2 seeds) |" in md
     assert report["provenance"]["settings"]["models"][1] == {
         "name": "A #2", "checkpoint": str(runs["a"][1]), "sha256": file_sha256(runs["a"][1]),
         "arch": "cnn", "dataset": "digits", "group": "A"}
@@ -155,11 +159,12 @@ def delong_reference(labels, a, b):
     return auc_a - auc_b, 2 * norm.sf(abs(auc_a - auc_b) / math.sqrt(var)) if var > 0 else float(auc_a == auc_b)
 
 
-def seed_mean_fpr95(ids, oods, idx):
-    """FPR95 of each seed on the resampled inputs ``idx`` (in-distribution first, then OOD), averaged."""
+def seed_mean_fpr95(ids, oods, counts):
+    """FPR95 of each seed on the inputs repeated by ``counts`` (in-distribution first, then OOD), averaged."""
     values = []
     for i, o in zip(ids, oods):
-        scores, labels = np.r_[i, o][idx], np.r_[np.ones(len(i)), np.zeros(len(o))][idx]
+        scores = np.repeat(np.r_[i, o], counts.astype(int))
+        labels = np.repeat(np.r_[np.ones(len(i)), np.zeros(len(o))], counts.astype(int))
         values.append(fpr95(scores[labels == 1], scores[labels == 0]))
     return float(np.mean(values))
 
@@ -173,41 +178,55 @@ def holm_reference(p):
     return out
 
 
-def test_delong_and_fpr95_bootstrap_on_pooled_seed_outcomes(grouped, runs):
+def test_method_level_or_hillis_and_runs_level_bootstrap_of_two_seed_groups(grouped, runs):
+    """Two groups of 2 runs: each (score, metric) gets the method-level test (OR-Hillis on every run's own
+    AUROC, readers nested: the runs record no training seed) which bold follows, and beside it the paired
+    bootstrap of the seed means; both from the single runs' own scores."""
     _, report = grouped
     scores = {m: [single(p, "ood", ood=["uniform", "interp"], scores=["logpx", "maxprob"]).extra["scores"]
                   for p in runs[m.lower()]] for m in ("A", "B")}
     uniform = [c for c in report["comparisons"] if c["section"] == "ood" and c["ood"] == "uniform"]
-    assert sorted((c["score"], c["metric"]) for c in uniform) == [
-        ("logpx", "auroc"), ("logpx", "fpr95"), ("maxprob", "auroc"), ("maxprob", "fpr95")]
+    assert [(c["metric"], c["score"], c["scope"]) for c in uniform] == [  # the value tables' order
+        (m, s, scope) for m in ("auroc", "fpr95") for s in ("logpx", "maxprob") for scope in ("method", "runs")]
     for c in uniform:
-        assert (c["model_a"], c["model_b"]) == ("A", "B") and "2" in c["pooled"] and c["between_seeds"]["n_a"] == 2
+        assert (c["model_a"], c["model_b"], c["seeds_a"], c["seeds_b"]) == ("A", "B", 2, 2)
         ids = {m: [s.id_scores[c["score"]] for s in scores[m]] for m in scores}
         oods = {m: [s.ood_scores["uniform"][c["score"]] for s in scores[m]] for m in scores}
-        labels = np.concatenate([np.r_[np.ones(len(i)), np.zeros(len(o))] for i, o in zip(ids["A"], oods["A"])])
-        pooled = {m: np.concatenate([np.r_[i, o] for i, o in zip(ids[m], oods[m])]) for m in scores}
-        if c["metric"] == "auroc":
-            diff, p = delong_reference(labels, pooled["A"], pooled["B"])
-            assert c["test"] == "delong" and c["difference"] == pytest.approx(diff, abs=1e-12)
-            assert c["p_value"] == pytest.approx(p, rel=1e-9, abs=1e-300)
+        labels = np.r_[np.ones(len(ids["A"][0])), np.zeros(len(oods["A"][0]))]
+        per_run = {m: np.stack([np.r_[i, o] for i, o in zip(ids[m], oods[m])]) for m in scores}
+        if c["scope"] == "method":
+            assert c["decides"] and c["test"] == "or-hillis" and c["design"] == "nested"
+            assert c["claim"].startswith("the methods differ")
+            fom = "auroc" if c["metric"] == "auroc" else "fpr95"
+            reference = mrmc.or_hillis_outcomes(fom, [(labels, s) for s in per_run["A"]],
+                                                [(labels, s) for s in per_run["B"]], design="nested",
+                                                covariance="delong" if fom == "auroc" else "jackknife")
+            assert c["p_value"] == pytest.approx(reference["p_value"], rel=1e-12) and c["df"] == reference["df"]
+            if fom == "auroc":  # the difference of the mean per-run AUROCs (scikit-learn), never of pooled scores
+                means = {m: np.mean([roc_auc_score(labels, s) for s in per_run[m]]) for m in per_run}
+                assert c["difference"] == pytest.approx(means["A"] - means["B"], abs=1e-12)
             continue
-        n, rng = len(ids["A"][0]) + len(oods["A"][0]), np.random.default_rng(0)  # the report's seed
-        d = seed_mean_fpr95(ids["A"], oods["A"], np.arange(n)) - seed_mean_fpr95(ids["B"], oods["B"], np.arange(n))
-        draws = [rng.integers(0, n, n) for _ in range(N_BOOT)]
-        deltas = np.array([seed_mean_fpr95(ids["A"], oods["A"], i) - seed_mean_fpr95(ids["B"], oods["B"], i)
-                           for i in draws])
-        assert c["test"] == "paired-bootstrap" and c["n_boot"] == N_BOOT and c["seed"] == 0
-        assert c["difference"] == pytest.approx(d, abs=1e-12)
-        assert c["p_value"] == pytest.approx((1 + np.count_nonzero(np.abs(deltas - d) >= abs(d))) / (N_BOOT + 1))
-    tested = [c for c in report["comparisons"] if c.get("p_value") is not None]
-    assert [c["p_holm"] for c in tested] == pytest.approx(holm_reference([c["p_value"] for c in tested]))
+        assert not c["decides"] and c["test"] == "paired-bootstrap" and c["n_boot"] == N_BOOT and c["seed"] == 0
+        assert c["claim"].startswith("these runs differ")
+        if c["metric"] == "fpr95":  # every resample repeats the inputs; FPR95 recomputed on the repeated scores
+            counts = np.concatenate(list(bootstrap_counts(len(labels), labels.astype(bool), N_BOOT, 0)))
+            d = seed_mean_fpr95(ids["A"], oods["A"], np.ones(len(labels))) - seed_mean_fpr95(
+                ids["B"], oods["B"], np.ones(len(labels)))
+            deltas = np.array([seed_mean_fpr95(ids["A"], oods["A"], w) - seed_mean_fpr95(ids["B"], oods["B"], w)
+                               for w in counts])
+            assert c["difference"] == pytest.approx(d, abs=1e-12)
+            assert c["p_value"] == pytest.approx((1 + np.count_nonzero(np.abs(deltas - d) >= abs(d))) / (N_BOOT + 1))
+    for decides in (True, False):  # Holm within the tests bold follows, and within those beside them
+        tested = [c for c in report["comparisons"] if c.get("p_value") is not None and c["decides"] is decides]
+        assert [c["p_holm"] for c in tested] == pytest.approx(holm_reference([c["p_value"] for c in tested]))
 
 
 def test_bold_only_where_the_test_is_significant(grouped):
     out, report = grouped
     md = (out / "report.md").read_text()
     table = md.split("*AUROC (higher is better)*")[1].split("\n\n")[1]
-    significant = {(c["score"], c["ood"]): c for c in report["comparisons"] if c["metric"] == "auroc"}
+    significant = {(c["score"], c["ood"]): c for c in report["comparisons"] if c["metric"] == "auroc"
+                   and c["decides"]}
     for line in table.splitlines()[2:]:
         score, ood, a, b = [x.strip() for x in line.strip("|").split("|")]
         c = significant[(score, ood)]
@@ -223,9 +242,9 @@ def test_never_bold_without_a_significant_difference_in_its_direction():
         ("A", 0.9, 0.3), ("B", 0.8, 0.5), ("C", 0.7, 0.6))}
     for p, diff, bold in ((0.001, 0.1, "A"), (0.2, 0.1, None), (0.001, -0.1, None)):
         tests = [{"section": "accuracy", "refine_steps": 0, "metric": "accuracy", "model_a": "A", "model_b": "B",
-                  "difference": diff, "p_value": p}, {"section": "accuracy", "refine_steps": 0, "metric": "accuracy",
-                                                      "model_a": "B", "model_b": "C", "difference": 0.1,
-                                                      "p_value": 1e-6}]
+                  "difference": diff, "p_value": p, "decides": True},
+                 {"section": "accuracy", "refine_steps": 0, "metric": "accuracy", "model_a": "B", "model_b": "C",
+                  "difference": 0.1, "p_value": 1e-6, "decides": True}]
         apply_holm(tests)
         choice = decided("accuracy", values, tests)
         assert choice == {((0,), "accuracy"): bold}
@@ -297,8 +316,8 @@ def test_summary_row_per_model_mean_and_sd_over_seeds(grouped):
         assert a["sd"][key] == pytest.approx(statistics.stdev(values))
     assert a["training_seconds"] == 2.5 and a["values"]["training_seconds"] == [2.5, None]
     md = (out / "report.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| A | K="))
-    assert f"{statistics.fmean(clean):.4f} +- {statistics.stdev(clean):.4f} (2 seeds)" in row
+    row = next(line for line in md.splitlines() if line.startswith("| A | 2 | K="))
+    assert f"| {statistics.fmean(clean):.4f} +- {statistics.stdev(clean):.4f} |" in row
 
 
 def test_headline_epsilon_leaves_out_the_norms_maximum():

@@ -3,8 +3,8 @@ side of a model computed once per row, and the cache keyed on the checkpoint's b
 
 Three tiny digits classifiers (trained here in a second, really different weights) are reported
 twice: as built, and with the sharing switched off (every set loaded per (model, section), every
-paired bootstrap run by :func:`jemeval.evaluation.paired.paired_bootstrap` itself, as before). The
-loads are counted by a spy on the dataset factories; report.json's numbers must be identical.
+run's bootstrap replicates drawn again for every pair it is in). The loads are counted by a spy on
+the dataset factories; report.json's numbers must be identical.
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ import jemeval.data
 import jemeval.provenance
 from jemeval.cli import cli
 from jemeval.errors import UsageError
-from jemeval.evaluation import paired
+from jemeval.evaluation import mrmc
+from jemeval.evaluation.figures_of_merit import ECE, Accuracy, Outcomes, bootstrap_counts
 from jemeval.reports import build, compare
 from jemeval.reports.cache import CACHE
+from jemeval.results import Result
 
 ARGS = ["--sections", "accuracy,calibration,ood,robust", "--n", "40", "--refine-steps", "0", "--epsilons", "0,0.5",
         "--ood", "uniform,interp", "--score", "logpx,maxprob", "--set", "robust.n=16", "--set", "robust.steps=2",
@@ -61,7 +63,8 @@ def spied_report(models, out: Path, monkeypatch, *, share: bool) -> tuple[dict, 
         m.setattr(jemeval.data, "call_with_supported", counted)
         if not share:
             m.setattr(build, "shared_datasets", contextlib.nullcontext)
-            m.setattr(compare, "_pairable", lambda a, b: False)
+            m.setattr(Outcomes, "replicates", lambda self, n_boot, seed: np.concatenate(
+                [self.resampled(c) for c in bootstrap_counts(self.n, self.strata, n_boot, seed)]))
         args = [a for p in models for a in ("--model", str(p))]
         result = runner().invoke(cli, ["report", *args, "--out", str(out), *ARGS, "--json"])
     assert result.exit_code == 0, result.output
@@ -99,52 +102,56 @@ def test_sharing_holds_a_set_only_inside_the_block():
     assert bool((a.x == outside.x).all()) and not bool((a.x == c.x).all())
 
 
-# -- the paired bootstrap of N models: each model's side once per row, the same numbers -------------
+# -- the bootstrap of N models: each run's replicates once per row, the same numbers ------------------
 def _probs(rng, n, k=3):
     p = rng.random((n, k))
     return p / p.sum(1, keepdims=True)
 
 
 @pytest.mark.parametrize("seeds", [(1, 1, 1), (2, 3, 1)])
-def test_shared_bootstrap_sides_equal_paired_bootstrap_for_every_pair(seeds, monkeypatch):
-    """Reference: paired.paired_bootstrap on each pair (what the report ran before); the metric is
-    counted to show each model's side ran once (N, not N(N-1), runs of N_BOOT resamples)."""
+def test_each_runs_replicates_are_drawn_once_and_equal_a_fresh_bootstrap_for_every_pair(seeds, monkeypatch):
+    """Reference: mrmc.seed_mean_bootstrap on fresh Outcomes for each pair (nothing shared); the resampled
+    ECE is counted to show each run's replicates ran once (N runs, not once per pair)."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 60)
     runs = {m: [(_probs(rng, 60), labels) for _ in range(k)] for m, k in zip("ABC", seeds)}
     calls = Counter()
-    real = compare.BOOTSTRAP["ece"]
-    monkeypatch.setitem(compare.BOOTSTRAP, "ece", lambda p, y: calls.update(["ece"]) or real(p, y))
-    sides: dict = {}
-    key = ("calibration", ("none",), "ece")
-    per_model = {m: [{key: ("ece", run)} for run in rs] for m, rs in runs.items()}
-    got = {(a, b): compare._record(key, a, b, per_model, {}, seed=7, sides=sides) for a, b in
-           [("A", "B"), ("A", "C"), ("B", "C")]}
-    assert calls["ece"] == sum(seeds) * (compare.N_BOOT + 1)  # each model's runs once, not once per pair
-    for (a, b), record in got.items():
-        if len(runs[a]) == len(runs[b]) == 1:
-            ref = paired.paired_bootstrap(real, runs[a][0], runs[b][0], n_boot=compare.N_BOOT, seed=7)
-        else:
-            pa, pb = paired.pooled_groups(runs[a], runs[b])
-            ref = paired.paired_bootstrap(paired.seed_mean(real), pa, pb, n_boot=compare.N_BOOT, seed=7)
-        for k in ("difference", "ci_low", "ci_high", "p_value", "n_boot", "seed", "level"):
-            assert record[k] == ref[k], (a, b, k)
+    real = ECE.resampled
+    monkeypatch.setattr(ECE, "resampled", lambda self, counts: calls.update(["ece"]) or real(self, counts))
+    def result(p, y):
+        per_input = [{"calibration": "none", "probs": p.tolist(), "labels": y.tolist()}]
+        return [Result([{"calibration": "none"}], {}, {"per_input": per_input})]
+
+    results = {m: [result(p, y) for p, y in rs] for m, rs in runs.items()}
+    values = {m: [{"calibration": "none"}] for m in runs}
+    got = [c for c in compare.compare("calibration", results, values, seed=7) if c["metric"] == "ece"
+           and c["scope"] == "runs"]
+    chunks = -(-compare.N_BOOT // 250)
+    assert calls["ece"] == sum(seeds) * chunks  # each run's replicates once, not once per pair
+    monkeypatch.setattr(ECE, "resampled", real)
+    for record in got:
+        a, b = record["model_a"], record["model_b"]
+        ref = mrmc.seed_mean_bootstrap("ece", runs[a], runs[b], n_boot=compare.N_BOOT, seed=7)
+        assert (record["difference"], record["p_value"], record["n_boot"], record["seed"]) == (
+            ref["difference"], ref["p_value"], ref["n_boot"], ref["seed"])
+        assert [record["ci_low"], record["ci_high"]] == ref["interval"]
 
 
-def test_a_non_finite_bootstrap_is_the_same_one_line_as_before():
-    """The attack: a metric that is NaN on some resamples; the shared path states paired_bootstrap's error."""
-    rng = np.random.default_rng(1)
-    arrays = [(rng.random(30), np.r_[np.ones(2), np.zeros(28)]) for _ in range(2)]
+def test_a_test_that_cannot_run_is_one_line_in_its_record():
+    """The attack: a figure of merit that is not finite on some resamples: the pair's record states the
+    one-line reason (seed_mean_bootstrap's own), the report goes on."""
+    class Fussy(Accuracy):
+        def resampled(self, counts):
+            return np.where(counts[:, 0] > 1, np.nan, super().resampled(counts))
 
-    def fussy(s, y):
-        return float("nan") if y.sum() < 2 else float(s.mean())
-
-    with pytest.raises(UsageError) as ref:
-        paired.paired_bootstrap(fussy, arrays[0], arrays[1], n_boot=compare.N_BOOT, seed=0)
-    with pytest.raises(UsageError) as got:
-        compare._bootstrap_result(compare.resampled(fussy, arrays[0], seed=0), compare.resampled(fussy, arrays[1],
-                                                                                                 seed=0), seed=0)
-    assert str(got.value) == str(ref.value)
+    a, b = (Fussy(np.random.default_rng(i).random(30) < 0.7) for i in (0, 1))
+    with pytest.raises(UsageError) as direct:
+        mrmc.seed_mean_bootstrap(Fussy, [a], [b], n_boot=compare.N_BOOT, seed=0)
+    (record,) = compare.tests({"section": "accuracy"}, [a], [b], seed=0, design="nested")
+    assert "\n" not in str(direct.value) and "not finite" in str(direct.value)
+    record_b = compare.tests({"section": "accuracy"}, [a, b], [b, a], seed=0, design="nested")[1]
+    assert record_b["p_value"] is None and record_b["error"] == str(direct.value)
+    assert record["test"] == "mcnemar-exact" and record["p_value"] is not None  # two single runs: exact, no resampling
 
 
 # -- the cache is keyed on the checkpoint's bytes, not its path --------------------------------------

@@ -24,25 +24,14 @@ from statistics import NormalDist
 import numpy as np
 
 from jemeval.errors import UsageError
+from jemeval.evaluation.mrmc import or_hillis, or_hillis_outcomes
+from jemeval.evaluation.placements import binary_labels, check_level, finite, midranks, placements
+
+__all__ = ["between_seeds", "delong_test", "holm", "mcnemar_exact", "midranks", "or_hillis", "or_hillis_outcomes",
+           "paired_bootstrap", "pooled_groups", "seed_mean"]
 
 #: indices drawn per chunk by paired_bootstrap: chunk x n int64 (8 MB for n = 1000)
 CHUNK = 1000
-
-
-def _check_level(level: float) -> float:
-    level = float(level)
-    if not 0.0 < level < 1.0:
-        raise UsageError(f"level must be between 0 and 1 (e.g. 0.95), got {level}", param="level")
-    return level
-
-
-def _vector(values, name: str) -> np.ndarray:
-    """A 1-D float64 array of finite values (a NaN score would make every rank meaningless)."""
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
-    if not np.isfinite(array).all():
-        raise UsageError(f"{name} holds {int((~np.isfinite(array)).sum())} non-finite values; "
-                         "scores must be finite numbers", param=name)
-    return array
 
 
 def _booleans(values, name: str) -> np.ndarray:
@@ -58,33 +47,6 @@ def _two_sided_normal(z: float) -> float:
     return math.erfc(abs(z) / math.sqrt(2.0))
 
 
-def midranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``x``, tied values sharing the mean of their ranks (vectorised, O(n log n))."""
-    order = np.argsort(x, kind="mergesort")
-    ordered = x[order]
-    starts_group = np.r_[True, ordered[1:] != ordered[:-1]]
-    starts = np.flatnonzero(starts_group)
-    ends = np.r_[starts[1:], x.size]  # positions starts..ends-1 hold ranks starts+1..ends
-    ranks = np.empty(x.size, dtype=np.float64)
-    ranks[order] = ((starts + 1 + ends) / 2.0)[np.cumsum(starts_group) - 1]
-    return ranks
-
-
-def _placements(positives: np.ndarray, negatives: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """AUROC and DeLong's structural components V10 (per positive) and V01 (per negative).
-
-    Sun & Xu (2014): with midranks tx within the positives, ty within the negatives and tz within
-    both, V10_i = (tz_i - tx_i) / n is the fraction of negatives below positive i (ties 1/2) and
-    V01_j = 1 - (tz_{m+j} - ty_j) / m the fraction of positives above negative j.
-    """
-    m, n = positives.size, negatives.size
-    tz = midranks(np.concatenate([positives, negatives]))
-    v10 = (tz[:m] - midranks(positives)) / n
-    v01 = 1.0 - (tz[m:] - midranks(negatives)) / m
-    auc = (tz[:m].sum() - m * (m + 1) / 2.0) / (m * n)
-    return float(auc), v10, v01
-
-
 def delong_test(labels, scores_a, scores_b, *, level: float = 0.95) -> dict:
     """DeLong's test of AUROC(a) = AUROC(b) on the same inputs, with the interval of the difference.
 
@@ -93,21 +55,19 @@ def delong_test(labels, scores_a, scores_b, *, level: float = 0.95) -> dict:
     structural components; z = difference / its standard error; p = P(|Z| >= |z|). A zero
     variance (identical scores, or both models perfect) gives p = 1 when the AUROCs are equal.
     """
-    level = _check_level(level)
-    labels = np.asarray(labels).reshape(-1)
-    if not np.isin(labels, (0, 1)).all():
-        raise UsageError("labels must be 1 (in-distribution) or 0 (OOD), got other values", param="labels")
-    a, b = _vector(scores_a, "scores_a"), _vector(scores_b, "scores_b")
+    level = check_level(level)
+    labels = binary_labels(labels)
+    a, b = finite(scores_a, "scores_a"), finite(scores_b, "scores_b")
     if not a.size == b.size == labels.size:
         raise UsageError(f"labels, scores_a and scores_b must be paired (one per input), got lengths "
                          f"{labels.size}, {a.size}, {b.size}", param="scores_b")
-    pos, neg = labels == 1, labels == 0
+    pos, neg = labels, ~labels
     m, n = int(pos.sum()), int(neg.sum())
     if m < 2 or n < 2:
         raise UsageError(f"DeLong's test needs at least 2 in-distribution and 2 OOD inputs, got {m} and {n}",
                          param="labels")
-    auc_a, v10_a, v01_a = _placements(a[pos], a[neg])
-    auc_b, v10_b, v01_b = _placements(b[pos], b[neg])
+    auc_a, v10_a, v01_a = placements(a[pos], a[neg])
+    auc_b, v10_b, v01_b = placements(b[pos], b[neg])
     variance = float(np.var(v10_a - v10_b, ddof=1) / m + np.var(v01_a - v01_b, ddof=1) / n)
     difference = auc_a - auc_b
     half = NormalDist().inv_cdf(0.5 + level / 2.0) * math.sqrt(max(variance, 0.0))
@@ -184,7 +144,7 @@ def paired_bootstrap(metric: Callable, a, b, *, n_boot: int = 2000, seed: int = 
     axis (chunk x n x ...) and returns one value per resample (much faster for simple means); the
     observed values are then computed on a leading axis of one.
     """
-    level = _check_level(level)
+    level = check_level(level)
     if int(n_boot) != n_boot or n_boot < 1:
         raise UsageError(f"n_boot must be a positive whole number of resamples, got {n_boot}", param="n_boot")
     a, b = _per_input(a, "a"), _per_input(b, "b")
@@ -272,7 +232,7 @@ def between_seeds(values_a: Sequence[float], values_b: Sequence[float]) -> dict:
     """
     from scipy.stats import t as student_t
 
-    a, b = _vector(values_a, "values_a"), _vector(values_b, "values_b")
+    a, b = finite(values_a, "values_a"), finite(values_b, "values_b")
     out = {"test": "welch-t", "mean_a": float(a.mean()) if a.size else math.nan,
            "mean_b": float(b.mean()) if b.size else math.nan, "n_a": int(a.size), "n_b": int(b.size)}
     out["difference"] = out["mean_a"] - out["mean_b"]

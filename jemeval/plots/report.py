@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jemeval.evaluation.robust.checks import SWEEP_AXES
+from jemeval.evaluation.robust.convergence import SWEEP_AXES
 from jemeval.plots import pyplot, save_figure
 
 LINESTYLES = ["-", "--", ":", "-."]
@@ -176,7 +176,7 @@ def plot_convergence_overlay(per_model: Mapping[str, Sequence[Sweep]], path: str
     """Robust accuracy vs each swept count (EOT samples, attack steps; log scale) for every model: one
     panel per (norm, swept axis), a colour per model, a line style and marker per (attack, K, grad
     mode, epsilon) curve, the 95% Wilson band where the records carry one. A curve that has not
-    converged (:func:`jemeval.evaluation.robust.checks.convergence`) gets a ring on its last point and
+    converged (:func:`jemeval.evaluation.robust.convergence.convergence`) gets a ring on its last point and
     "NOT converged" in the legend."""
     plt = pyplot()
     panels = _sweep_curves(per_model)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jemeval.evaluation.robust.checks import SWEEP_AXES, final_records
+from jemeval.evaluation.robust.convergence import SWEEP_AXES, final_records
 from jemeval.plots import draw_overlaps, pyplot, save_figure
 
 LINESTYLES = {"full": "-", "bpda": "--", "eot": ":", "bpda+eot": (0, (5, 1, 1, 1, 1, 1)), "none": "-."}

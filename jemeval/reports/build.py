@@ -33,7 +33,7 @@ from jemeval.reports.cache import PRODUCTS, REPORT_SCHEMA, Entry, ReportFolder, 
 from jemeval.reports.compare import apply_holm, compare, decided
 from jemeval.reports.document import to_html, to_markdown
 from jemeval.reports.figures import draw_figures, is_figure_name
-from jemeval.reports.groups import aggregate, check_distinct_runs, default_names, model_groups, run_names
+from jemeval.reports.groups import aggregate, check_distinct_runs, default_names, model_groups, row_key, run_names
 from jemeval.reports.page import ModelInfo, report_blocks, shown_records
 from jemeval.reports.sections import failure, run_section
 from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
@@ -68,8 +68,10 @@ def describe(name: str, path: str, group: str | None = None) -> ModelInfo:
     weights file it read. ``group``: the model (seed group) the run belongs to, when not itself."""
     model = load_model(path, device="cpu")
     sha256 = (model.metadata.get("checkpoint") or {}).get("sha256") or file_sha256(path)
+    seed = (model.metadata.get("provenance") or {}).get("seed", (model.metadata.get("config") or {}).get("seed"))
     return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"),
-                     group=group or name, training=training_cost(model.metadata))
+                     group=group or name, training=training_cost(model.metadata),
+                     seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
 
 
 def describe_groups(models: Any, names: Sequence[str] | None) -> list[ModelInfo]:
@@ -301,9 +303,10 @@ def analyse(models: list[ModelInfo], plan: dict[str, dict[str, Any]], outcomes: 
     shown = {s: {g: aggregate(s, {m.name: shown_records(s, outcomes[s][m.name]) for m in members[g]
                                   if m.name in outcomes[s]}) for g in groups
                  if any(m.name in outcomes[s] for m in members[g])} for s in plan}
+    ran = {s: {g: [m for m in members[g] if m.name in outcomes[s]] for g in shown[s]} for s in plan}
     comparisons = [c for s in plan for c in compare(
-        s, {g: [outcomes[s][m.name] for m in members[g] if m.name in outcomes[s]] for g in shown[s]}, shown[s],
-        seed=seed)]
+        s, {g: [outcomes[s][m.name] for m in ms] for g, ms in ran[s].items()}, shown[s], seed=seed,
+        seeds={g: [m.seed for m in ms] for g, ms in ran[s].items()})]
     apply_holm(comparisons)
     cost = {"sections": [section_cost(s, m.model, m.name, entries[(m.name, s)].seconds, outcomes[s][m.name])
                          for s in plan for m in models if m.name in outcomes[s]],
@@ -318,7 +321,13 @@ def analyse(models: list[ModelInfo], plan: dict[str, dict[str, Any]], outcomes: 
                        "records": [{"section": s, "model": g, **r} for s in plan for g in shown[s]
                                    for r in shown[s][g] if len(members[g]) > 1]},
             "comparisons": comparisons, "summary": summary, "cost": cost, "shown": shown,
-            "decided": {s: decided(s, shown[s], comparisons) for s in plan}}
+            "decided": {s: decided(s, shown[s], comparisons, flagged_rows(s, shown[s])) for s in plan}}
+
+
+def flagged_rows(section: str, shown: dict[str, list[dict[str, Any]]]) -> set[tuple[tuple, str, str]]:
+    """(row, metric, model) of every number a check flagged: never bolded (robust accuracy)."""
+    return {(row_key(section, r), "robust_accuracy", model) for model, records in shown.items() for r in records
+            if r.get("flags")}
 
 
 def summary_row(group: str, runs: list[ModelInfo], shown: dict[str, list[dict[str, Any]]],

@@ -36,7 +36,7 @@ from typing import Any
 
 from jemeval.atomic import write_atomic
 from jemeval.errors import UsageError, did_you_mean
-from jemeval.reports.cache import EXPORT_NAMES, MANIFEST, REPORT_SCHEMA, ReportFolder, read_manifest
+from jemeval.reports.cache import EXPORT_NAMES, MANIFEST, READABLE_SCHEMAS, ReportFolder, read_manifest
 from jemeval.runtime.shards import rank_and_world
 
 FORMATS = ("openood", "robustbench")
@@ -130,10 +130,10 @@ def load_report(out: str | os.PathLike) -> tuple[ReportFolder, dict[str, Any]]:
         data = json.loads(target.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{str(target)!r} is not JSON ({exc}); rerun jemeval report", param="out") from None
-    version = data.get("schema", REPORT_SCHEMA) if isinstance(data, dict) else None
-    if version != REPORT_SCHEMA:
-        raise UsageError(f"{str(target)!r} has schema {version!r}; this jemeval reads {REPORT_SCHEMA!r}: export it "
-                         "with the jemeval that wrote it, or rerun jemeval report", param="out")
+    version = data.get("schema", READABLE_SCHEMAS[0]) if isinstance(data, dict) else None
+    if version not in READABLE_SCHEMAS:
+        raise UsageError(f"{str(target)!r} has schema {version!r}; this jemeval reads {', '.join(READABLE_SCHEMAS)}: "
+                         "export it with the jemeval that wrote it, or rerun jemeval report", param="out")
     problems = schema_problems({**data, "schema": version})
     if problems:
         raise UsageError(f"{str(target)!r} is not a report.json jemeval wrote ({problems[0]}); rerun jemeval report",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jemeval.artifacts import OODScores, Samples
-from jemeval.evaluation.robust.checks import final_records
+from jemeval.evaluation.robust.convergence import final_records
 from jemeval.plots import pyplot
 from jemeval.plots.grids import save_samples_grid
 from jemeval.plots.ood import plot_score_histograms

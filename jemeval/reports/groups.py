@@ -141,7 +141,8 @@ def aggregate(section: str, per_run: Mapping[str, list[dict[str, Any]]]) -> list
 
 
 def mean_record(section: str, by_run: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """One row of a group (see :func:`aggregate`); per-run intervals are dropped (the spread replaces them)."""
+    """One row of a group (see :func:`aggregate`); per-run intervals are dropped (the spread replaces them);
+    ``flags``: every run's, together."""
     keys = {k for k, _ in SPECS[section].keys} | set(SPECS[section].bookkeeping) | SETTING_NUMBERS
     records = list(by_run.values())
     out: dict[str, Any] = {}
@@ -162,5 +163,7 @@ def mean_record(section: str, by_run: Mapping[str, dict[str, Any]]) -> dict[str,
         out[key] = mean[key] = math.fsum(finite) / len(finite)
         sd[key] = statistics.stdev(finite) if len(finite) > 1 else None
         values[key] = [float(v) if _number(v) else None for v in seen]
+    if any("flags" in r for r in records):  # a number any run's checks flagged is flagged for the group
+        out["flags"] = list(dict.fromkeys(f for r in records for f in r.get("flags") or []))
     return {**out, "mean": mean, "sd": sd, "values": values, "n_seeds": len(records), "runs": list(by_run)}
 

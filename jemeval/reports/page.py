@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from jemeval.evaluation.ood.evaluate import METRIC_NOTE
-from jemeval.evaluation.robust.checks import SWEEP_AXES, final_records
-from jemeval.reports.compare import comparison_table
+from jemeval.evaluation.robust.convergence import SWEEP_AXES, final_records
 from jemeval.reports.document import Block, Bullets, Figure, Folded, Heading, Para
 from jemeval.reports.summary import cost_tables, summary_table
-from jemeval.reports.tables import Table, fmt_key, section_tables
+from jemeval.reports.tables import FLAGGED, Table, fmt_key, section_tables
+from jemeval.reports.tests_table import TESTS_TEXT, comparison_table
 from jemeval.results import Result
 
 
@@ -31,6 +31,7 @@ class ModelInfo:
     dataset: str | None
     group: str | None = None  # the model (seed group) this run belongs to; None: itself
     training: dict[str, Any] = field(default_factory=dict)  # the training cost its checkpoint records
+    seed: int | None = None  # the training seed its checkpoint records (runs of two groups pair by it)
 
     @property
     def model(self) -> str:
@@ -107,7 +108,7 @@ def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[R
     tests = comparison_table(section, analysis["comparisons"]) if analysis else None
     blocks += [tests] if tests else []
     if section == "robust":
-        blocks += convergence_blocks(runs)
+        blocks += convergence_blocks(runs) + flagged_blocks(per_model)
     if errors:
         blocks.append(Bullets([f"**{m}**: failed: {e}" for m, e in errors.items()]))
     notes = _notes(runs, text)
@@ -120,13 +121,13 @@ def section_blocks(section: str, options: dict[str, Any], runs: dict[str, list[R
 
 
 # -- robust: a sweep's last counts and its convergence verdicts ---------------------------------------
-#: the checklist item of a sweep (jemeval.evaluation.robust.checks.convergence_checks)
+#: the checklist item of a sweep (jemeval.evaluation.robust.convergence.convergence_checks)
 CONVERGED_CHECK = "attack_converged"
 
 
 def shown_records(section: str, results: list[Result]) -> list[dict[str, Any]]:
     """The records a section's tables show: every record, except that robust shows each sweep at its
-    last counts (:func:`~jemeval.evaluation.robust.checks.final_records`, per norm's Result), the
+    last counts (:func:`~jemeval.evaluation.robust.convergence.final_records`, per norm's Result), the
     numbers a reader should quote, so no table cell mixes counts. A run without a sweep (or cached by
     a jemeval before sweeps) has one count per curve: all of its records."""
     if section != "robust":
@@ -160,15 +161,16 @@ def sweep_text(runs: dict[str, list[Result]]) -> str | None:
 
 def _verdict_cell(v: dict[str, Any]) -> str:
     state = "converged" if v["converged"] else "NOT converged"
-    if v.get("half_width") is None:
+    if v.get("drop") is None:
         return f"{state} (deterministic)"
     accs = " → ".join(f"{a:.3f}" for a in v["robust_accuracy"])
-    return f"{state}: {accs} (±{v['half_width']:.3f})"
+    return f"{state}: {accs} (-{v['broken']}/+{v['gained']} inputs, drop <= {v['drop_ci_high']:+.3f})"
 
 
 def convergence_table(runs: dict[str, list[Result]]) -> Table:
     """Every model's convergence verdict per (norm, attack, gradient mode, K, epsilon, swept axis):
-    robust accuracy at each count and the last count's Wilson half-width (``extra["convergence"]``)."""
+    robust accuracy at each count, the inputs the last count broke and regained, and the drop's upper
+    95% limit (``extra["convergence"]``)."""
     models = list(runs)
     rows_by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
     for model, results in runs.items():
@@ -185,9 +187,10 @@ def convergence_table(runs: dict[str, list[Result]]) -> Table:
                      counts, *[_verdict_cell(by_model[m]) if m in by_model else "-" for m in models]])
     columns = ["norm", "attack", "gradient", "K", "epsilon", "swept", "counts"]
     return Table(columns + models, rows, [[False] * (len(columns) + len(models)) for _ in rows],
-                 title=f"Attack convergence ({CONVERGED_CHECK}): robust accuracy at each count; not converged while "
-                       "it drops from the second-last count to the last by more than the last count's Wilson "
-                       "half-width (±)", label_columns=len(columns))
+                 title=f"Attack convergence ({CONVERGED_CHECK}): robust accuracy at each count; between the last two, "
+                       "the inputs broken (-) and regained (+) and the drop's upper 95% limit; converged only when "
+                       "the drop is not significant (exact McNemar) and that limit is below the tolerance",
+                 label_columns=len(columns))
 
 
 def convergence_blocks(runs: dict[str, list[Result]]) -> list[Block]:
@@ -203,6 +206,22 @@ def convergence_blocks(runs: dict[str, list[Result]]) -> list[Block]:
         return []
     items = [f"{message} ({', '.join(models)})" for message, models in by_message.items()]
     return [table] + ([Para(f"Checklist item `{CONVERGED_CHECK}`:"), Bullets(items)] if items else [])
+
+
+def flagged_blocks(per_model: dict[str, list[dict[str, Any]]]) -> list[Block]:
+    """What each number marked flagged is flagged for (robust): never bolded, never in the summary."""
+    items = []
+    for model, records in per_model.items():
+        for r in records:
+            if r.get("flags"):
+                where = ", ".join(f"{label} {fmt_key(k, r.get(k), r)}" for k, label in
+                                  (("attack", "attack"), ("grad_mode", "gradient"), ("refine_steps", "K"),
+                                   ("epsilon", "eps")))
+                items.append(f"{model}, {where}: {'; '.join(r['flags'])}")
+    if not items:
+        return []
+    return [Para(f"Numbers marked{FLAGGED} are not robustness as measured: they are never bolded and never reach the "
+                 "summary. Why each is flagged:"), Bullets(items)]
 
 
 def model_table(models: list[ModelInfo]) -> Table:
@@ -230,6 +249,7 @@ def report_blocks(*, title: str, preset: str, models: list[ModelInfo], plan: dic
                                                                 grouped=grouped)), model_table(models)]
     summary = summary_table(analysis["summary"]) if analysis else None
     blocks += [summary] if summary else []
+    blocks += [Para(TESTS_TEXT)] if analysis and analysis["comparisons"] else []
     for section, options in plan.items():
         blocks += section_blocks(section, options, outcomes.get(section, {}), errors.get(section, {}),
                                  figures.get(section, []), out, analysis)
@@ -239,10 +259,12 @@ def report_blocks(*, title: str, preset: str, models: list[ModelInfo], plan: dic
 
 
 INTRO = ("Written by `jemeval report` (preset `{preset}`, sections {sections}). Models are the columns of every "
-         "table (↑: higher is better, ↓: lower is better){grouped}. A value is in **bold** only where a paired "
-         "test on the same inputs found it better than the next-best model at the 0.05 level after Holm's "
-         "correction over every test of the report; rows without a test (no per-input outcomes) bold nothing.")
-GROUPED = "; a seed group shows `mean +- sd (n seeds)` over its runs (sd: n - 1 in the denominator)"
+         "table (↑: higher is better, ↓: lower is better){grouped}. A value is in **bold** only where the test that "
+         "decides its row (between two seed groups: do the methods differ; otherwise: do these runs differ) found "
+         "it better than the next-best model at the 0.05 level after Holm's correction; rows without a test (no "
+         "per-input outcomes) and numbers a check flagged bold nothing.")
+GROUPED = ("; a seed group shows `mean +- sd` over its runs (sd: n - 1 in the denominator), the number of seeds in "
+           "its column header")
 COST_TEXT = ("What each number cost: the seconds of each section's computation on the device named (a cached "
              "section keeps the seconds of the run that computed it), the forward passes each prediction needs, "
              "and the training cost the checkpoints record.")

@@ -11,10 +11,15 @@ forward pass, and a model trained 10x longer is not the same model. The report t
   device), where recorded.
 
 The summary row of each model: clean accuracy, robust accuracy under the strongest attack run (the
-lowest over attacks and gradient modes, at the headline epsilon, at the model's best K), AUROC of
+lowest over attacks and gradient modes, at the headline epsilon, the same for every model), AUROC of
 its best score (near and far when the OOD sets form those groups, else the mean over the sets), ECE
 after temperature scaling, FID where samples were scored, forward passes per prediction at that K,
 training time; for a seed group each is mean +- sd over its runs.
+
+Like with like: the K of a model's row is the best only among the K whose robust numbers at the
+headline point no check flagged (a stochastic defence attacked without EOT, a failed sanity check,
+an attack not converged: :func:`jemeval.evaluation.robust.checks.record_flags`). A flagged number
+never reaches the summary; where every K is flagged the robust cell is empty and the setting says why.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Any
 
 from jemeval.artifacts import OODScores, Samples
 from jemeval.evaluation.robust.evaluate import MAX_EPSILON
-from jemeval.reports.tables import Table, cell, fmt, fmt_key
+from jemeval.reports.tables import Table, cell, fmt_count, fmt_key, fmt_seconds
 from jemeval.results import Result
 
 #: the summary's numbers: (key, column label)
@@ -111,14 +116,19 @@ def headline(records: list[dict[str, Any]], plan: Mapping[str, Any]) -> tuple[st
 
 def robust_choice(records: list[dict[str, Any]], point: tuple[str, float]) -> tuple[int, float] | None:
     """(K, robust accuracy) at ``point``: per K the lowest over attacks and gradient modes (the
-    strongest attack run), then the K where that is highest (the smaller K on a tie)."""
+    strongest attack run), then the K where that is highest (the smaller K on a tie), among the K
+    none of whose records at ``point`` is flagged; None where there is no such K."""
     worst: dict[int, float] = {}
+    flagged: set[int] = set()
     for r in records:
         acc = r.get("robust_accuracy")
         if (r.get("norm"), r.get("epsilon")) == point and isinstance(acc, (int, float)):
             k = int(r.get("refine_steps") or 0)
             worst[k] = min(worst.get(k, math.inf), float(acc))
-    return max(sorted(worst.items()), key=lambda kv: kv[1]) if worst else None
+            if r.get("flags"):
+                flagged.add(k)
+    eligible = {k: v for k, v in worst.items() if k not in flagged}
+    return max(sorted(eligible.items()), key=lambda kv: kv[1]) if eligible else None
 
 
 def find(records: list[dict[str, Any]], key: str, **match: Any) -> float | None:
@@ -143,7 +153,8 @@ def choices(shown: Mapping[str, list[dict[str, Any]]], plan: Mapping[str, Any]) 
     robust = shown.get("robust") or []
     point = headline(robust, plan.get("robust") or {}) if robust else None
     pick = robust_choice(robust, point) if point else None
-    return {"point": point, "refine_steps": pick[0] if pick else 0, "score": best_score(shown.get("ood") or [])}
+    return {"point": point, "refine_steps": pick[0] if pick else 0, "score": best_score(shown.get("ood") or []),
+            "robust_flagged": bool(point) and pick is None}
 
 
 def summary_values(shown: Mapping[str, list[dict[str, Any]]], choice: Mapping[str, Any],
@@ -153,7 +164,8 @@ def summary_values(shown: Mapping[str, list[dict[str, Any]]], choice: Mapping[st
     robust, ood = shown.get("robust") or [], shown.get("ood") or []
     clean = find(shown.get("accuracy") or [], "accuracy", refine_steps=k)
     worst = [float(r["robust_accuracy"]) for r in robust if point and (r.get("norm"), r.get("epsilon")) == point
-             and r.get("refine_steps") == k and isinstance(r.get("robust_accuracy"), (int, float))]
+             and r.get("refine_steps") == k and isinstance(r.get("robust_accuracy"), (int, float))
+             and not choice.get("robust_flagged")]
     if clean is None and point:
         clean = find(robust, "clean_accuracy", norm=point[0], refine_steps=k)
     sets = [float(r["auroc"]) for r in ood if r.get("score") == score and r.get("ood") not in ("near", "far")
@@ -171,7 +183,8 @@ def summary_record(model: str, choice: Mapping[str, Any], per_run: list[dict[str
     """The model's summary row: each number the mean over its runs, with ``sd`` and ``values`` for a seed group."""
     point = choice["point"] or (None, None)
     record: dict[str, Any] = {"model": model, "refine_steps": choice["refine_steps"], "norm": point[0],
-                              "epsilon": point[1], "score": choice["score"]}
+                              "epsilon": point[1], "score": choice["score"],
+                              "robust_flagged": bool(choice.get("robust_flagged"))}
     sd: dict[str, float | None] = {}
     values: dict[str, list[float | None]] = {}
     for key, _ in SUMMARY:
@@ -192,12 +205,23 @@ def summary_table(summary: list[dict[str, Any]]) -> Table | None:
         return None
     rows = []
     for r in summary:
-        setting = f"K={r['refine_steps']}" + (f", {r['norm']} eps {fmt_key('epsilon', r['epsilon'], r)}"
-                                              if r.get("norm") else "") + (f", {r['score']}" if r.get("score") else "")
-        rows.append([r["model"], setting] + [cell(r, k) for k, _ in shown])
-    columns = ["model", "setting"] + [label for _, label in shown]
+        robust = (f", {r['norm']} eps {fmt_key('epsilon', r['epsilon'], r)}" if r.get("norm") else "") + (
+            " (every K flagged: no robust number)" if r.get("robust_flagged") else "")
+        setting = f"K={r['refine_steps']}" + robust + (f", {r['score']}" if r.get("score") else "")
+        rows.append([r["model"], fmt_count(r.get("n_seeds") or 1), setting] + [summary_cell(r, k) for k, _ in shown])
+    columns = ["model", "runs", "setting"] + [label for _, label in shown]
     return Table(columns, rows, [[False] * len(columns) for _ in rows],
-                 title="Summary (the JEM trilemma): one row per model", label_columns=2)
+                 title="Summary (the JEM trilemma): one row per model, each at a setting whose checks passed",
+                 label_columns=3)
+
+
+def summary_cell(record: dict[str, Any], key: str) -> str:
+    """A summary number: seconds to 3 significant figures, counts as integers, the rest as the tables show them."""
+    if key not in ("training_seconds", "forward_passes"):
+        return cell(record, key)
+    show = fmt_seconds if key == "training_seconds" else fmt_count
+    sd = (record.get("sd") or {}).get(key)
+    return show(record.get(key)) + (f" +- {show(sd)}" if isinstance(sd, (int, float)) else "")
 
 
 def cost_tables(cost: Mapping[str, Any]) -> list[Table]:
@@ -205,21 +229,22 @@ def cost_tables(cost: Mapping[str, Any]) -> list[Table]:
     tables = []
     sections = cost.get("sections") or []
     if sections:
-        rows = [[c.get("run") or c["model"], c["section"], fmt(c["seconds"]), fmt(c["examples"]),
+        rows = [[c.get("run") or c["model"], c["section"], fmt_seconds(c["seconds"]), fmt_count(c["examples"]),
                  f"{c['examples_per_s']:.1f}" if c.get("examples_per_s") else "-",
                  f"{c.get('device') or '-'} ({c.get('device_name') or '-'})"] for c in sections]
         tables.append(_plain_table(["run", "section", "seconds", "inputs", "inputs/s", "device"], rows,
                                    "Compute per section (seconds measured around the section's function)"))
     passes = cost.get("forward_passes") or []
     if passes:
-        rows = [[p["model"], p["section"], str(p["refine_steps"]), fmt(p["chains"]), fmt(p["forward_passes"])]
-                for p in passes]
+        rows = [[p["model"], p["section"], str(p["refine_steps"]), fmt_count(p["chains"]),
+                 fmt_count(p["forward_passes"])] for p in passes]
         tables.append(_plain_table(["model", "section", "K", "chains", "forward passes per prediction"], rows,
                                    "Forward passes per prediction: K refinement steps x chains + 1"))
     training = cost.get("training") or []
     if training:
-        rows = [[t.get("run") or t["model"], fmt(t.get("epochs")), fmt(t.get("iterations")), fmt(t.get("sgld_steps")),
-                 fmt(t.get("seconds")), t.get("device") or "-"] for t in training]
+        rows = [[t.get("run") or t["model"], fmt_count(t.get("epochs")), fmt_count(t.get("iterations")),
+                 fmt_count(t.get("sgld_steps")), fmt_seconds(t.get("seconds")), t.get("device") or "-"]
+                for t in training]
         tables.append(_plain_table(["run", "epochs", "iterations", "SGLD steps", "wall time (s)", "device"], rows,
                                    "Training cost, as each checkpoint records it (- where it does not)"))
     return tables

@@ -52,7 +52,7 @@ SPECS: dict[str, Spec] = {
 }
 ARROWS = {"max": " ↑", "min": " ↓", None: ""}
 #: what a seed group's record adds (jemeval.reports.groups.mean_record): never a metric of its own
-GROUP_KEYS = ("mean", "sd", "values", "n_seeds", "runs", "run")
+GROUP_KEYS = ("mean", "sd", "values", "n_seeds", "runs", "run", "flags")
 #: (row key, metric) -> the one model whose value a paired test (Holm) found better than the next, or
 #: None where the test found no difference: the only rows where a value is bolded as the best
 Decided = dict[tuple[tuple, str], str | None]
@@ -69,12 +69,47 @@ class Table:
     label_columns: int = 1
 
 
+#: keys whose numbers count things: shown as integers, never as 450.0000
+COUNT_KEYS = frozenset({"n", "n_id", "n_ood", "examples", "epochs", "iterations", "sgld_steps", "forward_passes",
+                        "chains", "refine_steps", "seeds", "b", "c", "n_boot"})
+#: what marks a number a check flagged (the section's notes say why)
+FLAGGED = " (flagged)"
+
+
 def fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     return str(value) if isinstance(value, int) else f"{value:.4f}"
+
+
+def fmt_count(value: Any) -> str:
+    """A count as an integer (a mean over seeds that is not whole keeps one decimal)."""
+    if not _finite(value):
+        return fmt(value)
+    return str(int(round(value))) if float(value).is_integer() else f"{value:.1f}"
+
+
+def fmt_seconds(value: Any) -> str:
+    """Seconds to 3 significant figures, never in scientific notation (0.0123, 2.50, 18.6, 1230)."""
+    if not _finite(value):
+        return fmt(value)
+    x = float(f"{float(value):.3g}")
+    if x == 0 or abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{2 - math.floor(math.log10(abs(x)))}f}"
+
+
+def fmt_p(value: Any) -> str:
+    """A p-value as a reader reads it: 0.031, 0.5, 1, and "< 1e-4" below that."""
+    if not _finite(value):
+        return fmt(value)
+    return "< 1e-4" if value < 1e-4 else f"{value:.2g}"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def fmt_key(key: str, value: Any, record: dict[str, Any]) -> str:
@@ -86,7 +121,7 @@ def fmt_key(key: str, value: Any, record: dict[str, Any]) -> str:
         if record.get("norm") == "linf" and value and abs(k - round(k)) < 1e-6:
             return f"{round(k)}/255"
         return f"{value:g}"
-    return fmt(value)
+    return fmt_count(value) if key in COUNT_KEYS else fmt(value)
 
 
 def interval(record: dict[str, Any], key: str) -> tuple[float, float] | None:
@@ -167,15 +202,27 @@ def _table(rows_by_key, models, spec: Spec, metrics: list[Metric], columns: list
             rows.append(keys + ([] if spec.per_metric else [label + ARROWS[better]]) + cells)
             marks = (best_marks(values, better) if decided is None or better is None
                      else [m == decided.get((row, key)) for m in models])
+            marks = [mark and not (key == "robust_accuracy" and by_model.get(m, {}).get("flags"))
+                     for mark, m in zip(marks, models)]
             best.append([False] * len(columns) + marks)
-    return Table(columns + models, rows, best, title, label_columns=len(columns))
+    return Table(columns + [group_header(m, rows_by_key) for m in models], rows, best, title,
+                 label_columns=len(columns))
+
+
+def group_header(model: str, rows_by_key: dict[tuple, dict[str, dict[str, Any]]]) -> str:
+    """A model's column header: its name, and for a seed group how many runs its cells average."""
+    seeds = max((r.get("n_seeds") or 1 for by_model in rows_by_key.values() for m, r in by_model.items()
+                 if m == model), default=1)
+    return f"{model} ({seeds} seeds)" if seeds > 1 else model
 
 
 def cell(record: dict[str, Any], key: str) -> str:
-    """A value as the tables show it: with its interval, or ``mean +- sd (n seeds)`` for a seed group."""
-    text = fmt(record.get(key))
+    """A value as the tables show it: with its interval, or ``mean +- sd`` for a seed group (the column
+    header says how many seeds); a number a check flagged is marked :data:`FLAGGED`."""
+    text = fmt_count(record.get(key)) if key in COUNT_KEYS else fmt(record.get(key))
+    mark = FLAGGED if key == "robust_accuracy" and record.get("flags") and text != MISSING else ""
     n, sd = record.get("n_seeds"), (record.get("sd") or {}).get(key) if isinstance(record.get("sd"), dict) else None
     if isinstance(n, int) and n > 1 and text != MISSING:  # a seed group: mean +- sd over its runs
-        return f"{text} +- {fmt(sd)} ({n} seeds)" if isinstance(sd, (int, float)) else f"{text} ({n} seeds)"
+        return (f"{text} +- {fmt(sd)}" if isinstance(sd, (int, float)) else text) + mark
     span = interval(record, key)
-    return f"{text} [{span[0]:.3f}, {span[1]:.3f}]" if span and text != MISSING else text
+    return (f"{text} [{span[0]:.3f}, {span[1]:.3f}]" if span and text != MISSING else text) + mark

@@ -54,8 +54,8 @@ def split_attack_specs(value: str) -> list[str]:
               help="Seeded random subset of the test set (the paper: 300).")
 @click.option("--steps", default=None,
               help="Attack iterations (PGD default 40, the paper 100; APGD, FAB, AutoAttack 100; Boundary 1000); a "
-                   "list (10,50,100) is a sweep: each count is run on the same inputs and seeds, and a curve whose "
-                   "robust accuracy still drops between the last two counts is flagged not converged.")
+                   "list (10,50,100) is a sweep: each count is run on the same inputs and seeds, and a curve is "
+                   "converged only when its last two counts pass --converge-tolerance's paired test.")
 @click.option("--restarts", type=int, default=None,
               help="Random restarts of PGD and APGD (default 1; the paper's PGD 20).")
 @click.option("--grad-mode", default="full", show_default=True,
@@ -69,8 +69,11 @@ def split_attack_specs(value: str) -> list[str]:
 @chain_sigma_option(old_sigma=True)
 @click.option("--eot-samples", default="10", show_default=True,
               help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter); a list "
-                   "(1,5,10,20) is a sweep, flagged not converged while robust accuracy still drops by more than its "
-                   "Wilson half-width between the last two counts.")
+                   "(1,5,10,20) is a sweep, judged like a --steps sweep.")
+@click.option("--converge-tolerance", type=float, default=0.01, show_default=True,
+              help="A sweep's curve is converged only when its last two counts differ by no significant drop "
+                   "(exact McNemar on the inputs broken and regained) and the drop's upper 95%% limit is below this "
+                   "(robust-accuracy units: 0.01 = one percentage point).")
 @click.option("--grad-checkpoint/--no-grad-checkpoint", "checkpoint", default=None,
               help="Recompute each SGLD step in the backward pass (memory-safe full gradients). Default: on from "
                    "2 steps.")
@@ -87,7 +90,8 @@ def split_attack_specs(value: str) -> list[str]:
 @nproc_option
 @run_options(batch_size=100, batch_help="Inputs per attack call.")
 def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps, restarts, grad_mode, draws, chains,
-        chain_sigma, eot_samples, checkpoint, sgld_step_size, sgld_noise, data, plot, context, **output):
+        chain_sigma, eot_samples, converge_tolerance, checkpoint, sgld_step_size, sgld_noise, data, plot, context,
+        **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
     Each input is duplicated into --chains copies with --chain-sigma noise, refined by K SGLD steps up
@@ -122,7 +126,7 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
         data=data, n=n, steps=None if steps is None else counts(steps, "--steps"), restarts=restarts,
         grad_mode=split_list(grad_mode, "--grad-mode"), draws=draws, aa_version=aa_version, chains=chains,
         chain_sigma=chain_sigma, eot_samples=counts(eot_samples, "--eot-samples"), checkpoint=checkpoint,
-        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, converge_tolerance=converge_tolerance, context=context,
     )
     write_files(result, (plot, plot_robust_result))
     emit(result, columns=columns_for(result), **output)

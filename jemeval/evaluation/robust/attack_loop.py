@@ -347,7 +347,7 @@ def run_records(defence: Defence, run: Run, data: Batches, correct_adv: torch.Te
             "steps": settings.get("steps"), "restarts": settings.get("restarts"),
             "gradient_free": bool(run.attack.gradient_free),
             "median_min_perturbation": median, "seconds": round(seconds, 3),
-            "converged": None,  # a sweep's verdict (jemeval.evaluation.robust.checks.convergence)
+            "converged": None,  # a sweep's verdict (jemeval.evaluation.robust.convergence.convergence)
         })
     return records
 

@@ -12,18 +12,20 @@ single-draw gradient mode (full, bpda) leaving accuracy much higher than an EOT 
 bpda+eot) of the same attack: the single-draw gradient is masked by the refinement's randomness.
 Every check is a dict with ``check``, ``passed`` and a ``message`` ("check ok: ..." or "WARNING: ...").
 
-A sweep (``eot_samples`` or ``steps`` given as a list) adds one more item: an attack that has not
-converged in its EOT samples or iterations overstates robustness, and nothing else in the record
-says so. :func:`convergence` gives every (attack, K, grad mode, epsilon) curve its verdict: not
-converged while robust accuracy still drops by more than its Wilson half-width between the last two
-counts (``attack_converged``); the other checks then judge the sweep's last counts, the numbers it
-reports (:func:`final_records`).
+A sweep (``eot_samples`` or ``steps`` given as a list) adds one more item, ``attack_converged``
+(:mod:`jemeval.evaluation.robust.convergence`); the other checks then judge the sweep's last counts,
+the numbers it reports.
+
+:func:`record_flags` turns all of it into each record's ``flags``: the reasons a number must not be
+read as robustness (a stochastic defence attacked without EOT, a failed check of its curve, an attack
+not converged). A report never bolds a flagged number nor puts it in its summary.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from jemeval.evaluation.robust.convergence import convergence_checks, final_records
 from jemeval.sampling.refinement import EOT_MODES
 
 #: K = 0 robust accuracy at the largest epsilon above this is flagged (the attack may be too weak)
@@ -43,7 +45,7 @@ def sanity_checks(records: list[dict[str, Any]], *, input_dims: int | None = Non
     """The checks printed with the results; each a dict with check, passed, message.
 
     ``input_dims`` (C x H x W) tells which L2 epsilon reaches every image; ``num_classes`` gives the
-    chance level quoted in the messages; ``verdicts`` (:func:`convergence`, a sweep's) add the
+    chance level quoted in the messages; ``verdicts`` (a sweep's convergence verdicts) add the
     ``attack_converged`` checks, and the others then judge the sweep's last counts.
     """
     if verdicts:
@@ -130,10 +132,11 @@ def obfuscation_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     beaten = sorted((k, e, v["free"], v["white"]) for (k, e), v in by_point.items()
                     if "free" in v and "white" in v and v["free"] < v["white"] - OBFUSCATION_TOLERANCE)
-    return _check("white_box_beats_gradient_free", not beaten,
-                  "no gradient-free attack beats the white-box attack" if not beaten else
-                  "a gradient-free attack beats the white-box one (a sign of obfuscated gradients) at "
-                  + ", ".join(f"K={k} eps={e:g} ({f:.3f} < {w:.3f})" for k, e, f, w in beaten))
+    text = ("no gradient-free attack beats the white-box attack" if not beaten else
+            "a gradient-free attack beats the white-box one (a sign of obfuscated gradients) at "
+            + ", ".join(f"K={k} eps={e:g} ({f:.3f} < {w:.3f})" for k, e, f, w in beaten))
+    return _check("white_box_beats_gradient_free", not beaten, text,
+                  points=[{"refine_steps": k, "epsilon": e} for k, e, _, _ in beaten])
 
 
 def masking_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -142,126 +145,62 @@ def masking_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     by_point: dict[tuple, dict[str, float]] = {}
     for r in records:
         by_point.setdefault((r["attack"], r["refine_steps"], r["epsilon"]), {})[r["grad_mode"]] = r["robust_accuracy"]
-    compared, masked = False, []
+    compared, masked, points = False, [], []
     for (attack, k, eps), accs in sorted(by_point.items()):
         eot = {m: a for m, a in accs.items() if m in EOT_MODES}
         if not eot or not any(m in accs for m in SINGLE_DRAW_MODES):
             continue
         compared = True
         best_mode = min(eot, key=eot.get)
-        masked += [f"{attack} K={k} eps={eps:g} ({m} {accs[m]:.3f} > {best_mode} {eot[best_mode]:.3f})"
-                   for m in SINGLE_DRAW_MODES if m in accs and accs[m] > eot[best_mode] + MASKING_TOLERANCE]
+        beaten = [m for m in SINGLE_DRAW_MODES if m in accs and accs[m] > eot[best_mode] + MASKING_TOLERANCE]
+        masked += [f"{attack} K={k} eps={eps:g} ({m} {accs[m]:.3f} > {best_mode} {eot[best_mode]:.3f})" for m in beaten]
+        points += [{"attack": attack, "refine_steps": k, "epsilon": eps, "grad_mode": m} for m in beaten]
     if not compared:
         return None
-    return _check("eot_not_beating_single_draw", not masked,
-                  "no single-draw gradient mode (full, bpda) is beaten by EOT by more than "
-                  f"{MASKING_TOLERANCE}" if not masked else
-                  "EOT gradients beat single-draw ones (gradient masking by the refinement's randomness: report "
-                  "the EOT number) at " + ", ".join(masked))
+    text = (f"no single-draw gradient mode (full, bpda) is beaten by EOT by more than {MASKING_TOLERANCE}"
+            if not masked else "EOT gradients beat single-draw ones (gradient masking by the refinement's "
+            "randomness: report the EOT number) at " + ", ".join(masked))
+    return _check("eot_not_beating_single_draw", not masked, text, points=points)
 
 
-def _check(name: str, passed: bool, text: str) -> dict[str, Any]:
-    return {"check": name, "passed": bool(passed), "message": f"{'check ok' if passed else 'WARNING'}: {text}"}
+def _check(name: str, passed: bool, text: str, points: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A check; ``points``: where a failed cross-run check applies (the records it flags)."""
+    return {"check": name, "passed": bool(passed), "message": f"{'check ok' if passed else 'WARNING'}: {text}",
+            **({"points": points} if points else {})}
 
 
-# -- convergence of a sweep (eot_samples or steps given as a list) ----------------------------------
-#: what a message calls the counts of each swept axis
-SWEEP_AXES = {"eot_samples": "EOT samples", "steps": "attack steps"}
-DETERMINISTIC = "the defence is deterministic at K={k} (no chain or SGLD noise), so every EOT count is the same " \
-                "attack: converged"
+# -- flags: the records a report must not read as robustness ---------------------------------------
+#: flag texts (a record's ``flags`` lists the ones that apply)
+NO_EOT = "stochastic defence attacked without EOT (a single-draw gradient)"
+NOT_CONVERGED = "attack not converged"
+#: failed checks that flag nothing, by whether the defence draws noise at the record's K: the convergence
+#: check has its own flag, and a noisy defence's accuracy at epsilon 0 differs from its clean accuracy by the
+#: re-check's fresh noise (the check's message says so)
+NOT_A_FLAW = {False: ("attack_converged",), True: ("attack_converged", "epsilon0_equals_clean")}
 
 
-def _counts(r: dict[str, Any]) -> tuple[int, int]:
-    return int(r.get("eot_samples") or 0), int(r.get("steps") or 0)
-
-
-def final_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of each (attack, K, grad mode) at its largest counts (EOT samples, then steps):
-    what a sweep reports; every record where nothing was swept."""
-    last: dict[tuple, tuple[int, int]] = {}
+def record_flags(records: list[dict[str, Any]], checks: list[dict[str, Any]],
+                 stochastic_ks: list[int]) -> None:
+    """Each record's ``flags``: a single-draw white-box gradient (full, bpda) at a K whose refinement
+    draws noise; every failed check of its curve or point ("failed check: <name>", except
+    :data:`NOT_A_FLAW`); a sweep that has not converged. An empty list: nothing known against it."""
     for r in records:
-        key = (r["attack"], r["refine_steps"], r["grad_mode"])
-        last[key] = max(last.get(key, (-1, -1)), _counts(r))
-    return [r for r in records if _counts(r) == last[(r["attack"], r["refine_steps"], r["grad_mode"])]]
+        flags = []
+        if r["refine_steps"] in stochastic_ks and r["grad_mode"] in SINGLE_DRAW_MODES and not r.get("gradient_free"):
+            flags.append(NO_EOT)
+        for c in checks:
+            if not c.get("passed") and c.get("check") not in NOT_A_FLAW[r["refine_steps"] in stochastic_ks] \
+                    and _applies(c, r):
+                flags.append(f"failed check: {c['check']}")
+        if r.get("converged") is False:
+            flags.append(NOT_CONVERGED)
+        r["flags"] = list(dict.fromkeys(flags))
 
 
-def convergence(records: list[dict[str, Any]], *, swept: list[str],
-                deterministic_ks: list[int] = ()) -> list[dict[str, Any]]:
-    """One verdict per (attack, K, grad mode, epsilon) curve and swept axis (``eot_samples``,
-    ``steps``), along that axis at the other's largest count: ``converged`` is False while robust
-    accuracy drops from the second-last count to the last by more than the last one's Wilson
-    half-width ((ci_high - ci_low) / 2: a drop the n inputs cannot put down to chance), else True;
-    True without measuring for EOT at a K in ``deterministic_ks`` (no noise: every count is the same
-    attack); None where the axis does not apply (a single-draw or gradient-free run, an attack
-    without a steps setting)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["attack"], r["refine_steps"], r["grad_mode"], r["epsilon"]), []).append(r)
-    verdicts = []
-    for axis in swept:
-        other = "steps" if axis == "eot_samples" else "eot_samples"
-        for curve, rows in groups.items():
-            top = max(r.get(other) or 0 for r in rows)
-            rows = sorted((r for r in rows if (r.get(other) or 0) == top), key=lambda r: r.get(axis) or 0)
-            verdicts.append(axis_verdict(axis, curve, rows, deterministic=curve[1] in deterministic_ks))
-    return verdicts
-
-
-def axis_verdict(axis: str, curve: tuple, rows: list[dict[str, Any]], *, deterministic: bool) -> dict[str, Any]:
-    """The verdict of one curve along one axis (rows sorted by that axis's count)."""
-    attack, k, mode, eps = curve
-    label = f"{attack} K={k} {mode} eps={eps:g}"
-    out = {"attack": attack, "refine_steps": k, "grad_mode": mode, "epsilon": eps, "axis": axis,
-           "counts": [r.get(axis) for r in rows], "robust_accuracy": [r["robust_accuracy"] for r in rows],
-           "half_width": None, "converged": None, "message": None}
-    if len(rows) >= 2:
-        (a, b), (before, last) = [r[axis] for r in rows[-2:]], [r["robust_accuracy"] for r in rows[-2:]]
-        half = (rows[-1]["ci_high"] - rows[-1]["ci_low"]) / 2
-        ok = before - last <= half
-        out.update(half_width=half, converged=ok, message=(
-            f"{label}: {before:.3f} -> {last:.3f} from {a} to {b} {SWEEP_AXES[axis]}, "
-            + (f"within the {half:.3f} half-width: converged" if ok else
-               f"more than the {half:.3f} half-width: not converged")))
-    elif axis == "eot_samples" and deterministic:
-        out.update(converged=True, message=f"{label}: {DETERMINISTIC.format(k=k)}")
-    return out
-
-
-def mark_converged(records: list[dict[str, Any]], verdicts: list[dict[str, Any]]) -> None:
-    """Each record's ``converged``: False if its curve has not converged along a swept axis, True if
-    it has along every axis that applies, None where none does (or nothing was swept)."""
-    flags: dict[tuple, list[bool]] = {}
-    for v in verdicts:
-        if v["converged"] is not None:
-            flags.setdefault((v["attack"], v["refine_steps"], v["grad_mode"], v["epsilon"]), []).append(v["converged"])
-    for r in records:
-        got = flags.get((r["attack"], r["refine_steps"], r["grad_mode"], r["epsilon"]))
-        r["converged"] = all(got) if got else None
-
-
-def convergence_checks(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One ``attack_converged`` check per (attack, K, grad mode, swept axis); a failed one names
-    every curve that still drops, with its two numbers."""
-    groups: dict[tuple, list[dict]] = {}
-    for v in verdicts:
-        if v["converged"] is not None:
-            groups.setdefault((v["attack"], v["refine_steps"], v["grad_mode"], v["axis"]), []).append(v)
-    checks = []
-    for (attack, k, mode, axis), vs in groups.items():
-        bad = [v["message"] for v in vs if not v["converged"]]
-        where = {"attack": attack, "refine_steps": k, "grad_mode": mode, "axis": axis}
-        text = ("; ".join(bad) + f" (run more {SWEEP_AXES[axis]} until the last two counts agree)" if bad
-                else converged_text(f"{attack} K={k} {mode}", vs))
-        checks.append({**_check("attack_converged", not bad, text), **where})
-    return checks
-
-
-def converged_text(label: str, vs: list[dict[str, Any]]) -> str:
-    """The message of a curve set that converged at every epsilon."""
-    if vs[0]["half_width"] is None:
-        return f"{label}: {DETERMINISTIC.format(k=vs[0]['refine_steps'])}"
-    a, b = vs[0]["counts"][-2:]
-    points = ", ".join(f"eps={v['epsilon']:g} {v['robust_accuracy'][-2]:.3f} -> {v['robust_accuracy'][-1]:.3f}"
-                       for v in vs)
-    return (f"{label}: converged from {a} to {b} {SWEEP_AXES[vs[0]['axis']]}, every drop within its Wilson "
-            f"half-width ({points})")
+def _applies(check: dict[str, Any], record: dict[str, Any]) -> bool:
+    """Whether a failed check concerns the record: its curve (attack, K, grad mode) or one of its points."""
+    if "points" in check:
+        return not record.get("gradient_free") and any(all(record.get(k) == v for k, v in p.items())
+                                                       for p in check["points"])
+    where = [k for k in ("attack", "refine_steps", "grad_mode") if k in check]
+    return bool(where) and all(record.get(k) == check[k] for k in where)

@@ -18,7 +18,6 @@ paired tests). Figure: :func:`jemeval.plots.robustness.plot_robust_result`.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -40,8 +39,9 @@ from jemeval.evaluation.inputs import (
     training_dataset,
 )
 from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
-from jemeval.evaluation.robust.checks import convergence, final_records, mark_converged, sanity_checks
-from jemeval.evaluation.robust.threat import check_norm
+from jemeval.evaluation.robust.checks import record_flags, sanity_checks
+from jemeval.evaluation.robust.convergence import TOLERANCE, check_tolerance, convergence, final_records, mark_converged
+from jemeval.evaluation.robust.threat import MAX_EPSILON, check_epsilons, check_norm, epsilon_limit
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, check_options, parse_spec
 from jemeval.results import Result
@@ -58,48 +58,6 @@ DEFAULT_EPSILONS = {
     "linf": [0.0, 2 / 255, 4 / 255, 8 / 255, 16 / 255, 32 / 255, 64 / 255, 128 / 255],
     "l2": [0.0, 0.25, 0.5, 1.0, 2.0, 4.0],
 }
-#: an epsilon written "max" is the norm's largest: Linf 1, L2 the diameter of the input space,
-#: sqrt(C x H x W) in pixel units. Every image is within reach there, so the large-epsilon sanity
-#: check (:func:`jemeval.evaluation.robust.checks.reaches_everything`) runs at every K; the report's
-#: presets end their L2 lists with it, whatever the dataset's image size.
-MAX_EPSILON = "max"
-
-
-def epsilon_limit(norm: str, input_shape: Sequence[int]) -> float:
-    """The largest epsilon of ``norm`` in pixel units: Linf 1, L2 sqrt(C x H x W)."""
-    return 1.0 if norm == "linf" else math.sqrt(float(np.prod(input_shape)))
-
-
-def epsilon_value(e: float | str, limit: float) -> float:
-    """One epsilon as a number: ``"max"`` is ``limit``; anything else must be a number."""
-    if isinstance(e, str) and e.strip().lower() == MAX_EPSILON:
-        return float(limit)
-    try:
-        return float(e)
-    except (TypeError, ValueError):
-        raise UsageError(f"epsilon {e!r} is not a number: give numbers in [0, 1] pixel units (e.g. 8/255 as "
-                         f"0.0314) or {MAX_EPSILON!r} for the norm's largest", param="epsilons") from None
-
-
-# -- argument checking -------------------------------------------------------------------------------
-def check_epsilons(epsilons: Iterable[float | str], norm: str, input_shape: Sequence[int]) -> list[float]:
-    """Epsilons in pixel units: finite, >= 0, Linf <= 1, L2 <= the largest possible L2 distance
-    (``"max"``: that largest, :data:`MAX_EPSILON`)."""
-    dims = int(np.prod(input_shape))
-    limit = epsilon_limit(norm, input_shape)
-    eps = [epsilon_value(e, limit) for e in epsilons]
-    if not eps:
-        raise UsageError("epsilons is empty; give e.g. 0,8/255,16/255", param="epsilons")
-    for e in eps:
-        if not math.isfinite(e) or e < 0 or e > limit + 1e-9:
-            raise UsageError(
-                f"epsilon {e:g} is out of range for {norm}: epsilons are in [0, 1] pixel units, so {norm} "
-                f"epsilons must lie in [0, {limit:g}]" + (f" (sqrt of {dims} input dimensions)" if norm == "l2" else "")
-                + "; e.g. 0,8/255,16/255 for linf or 0,0.5,1 for l2", param="epsilons"
-            )
-    return sorted(set(eps))
-
-
 def check_grad_modes(modes: Iterable[str]) -> list[str]:
     out = []
     for m in modes:
@@ -234,9 +192,8 @@ def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: in
 
 
 #: how a sweep's counts are compared (the provenance says so)
-PAIRED = ("every count attacks the same inputs with the same attack seeds, after one clean pass, and is re-checked "
-          "under its run's noise stream (paired); not converged: robust accuracy drops by more than the Wilson "
-          "half-width of the last count between the last two counts")
+PAIRED = ("every count attacks the same inputs with the same attack seeds and noise stream (paired); converged: the "
+          "last two counts' drop is not significant (exact McNemar) and its upper 95% limit (Newcombe) < tolerance")
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
@@ -263,6 +220,7 @@ def robust(
     checkpoint: bool | None = None,
     sgld_step_size: float | None = None,
     sgld_noise: float | None = None,
+    converge_tolerance: float = TOLERANCE,
     context: RunContext,
 ) -> Result:
     """Robust accuracy of ``model`` under ``attacks`` for every (K, grad mode, epsilon).
@@ -273,17 +231,17 @@ def robust(
     ``eot_samples`` only matters with ``grad_mode`` eot or bpda+eot (the noise draws averaged per
     gradient; APGD averages them in its own loop; AutoAttack rand averages its 20 in full/bpda). A list
     of ``eot_samples`` or ``steps`` is a sweep: every count is run (paired) and each (attack, K, grad
-    mode, epsilon) curve gets a convergence verdict (:func:`~jemeval.evaluation.robust.checks.convergence`).
-    K = 0 is attacked once per attack (full and bpda coincide there; recorded as ``full``); gradient-free
-    attacks ignore the gradient mode (recorded as ``none``). ``draws``: re-check every adversarial under
-    that many fresh noise draws; an input is robust only if all of them classify it correctly (>= 5 for
-    a refined model). ``chain_sigma`` (default 0; the JEM release 0.03) is the noise added to each chain
-    before refinement; ``checkpoint``: gradient checkpointing through it. The RunContext (``seed``, ``device``,
-    ``batch_size``: inputs per attack call, default 100, ...): keywords or ``context=``.
+    mode, epsilon) curve gets a paired verdict (:mod:`.convergence`, ``converge_tolerance`` in robust-accuracy
+    units); every record gets ``flags`` (:func:`.checks.record_flags`). K = 0 is attacked once per attack
+    (full and bpda coincide; recorded as ``full``); gradient-free attacks ignore the gradient mode (``none``).
+    ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only if all
+    of them classify it correctly (>= 5 for a refined model). ``chain_sigma`` (default 0; the JEM release
+    0.03) is the noise added to each chain before refinement; ``checkpoint``: gradient checkpointing through
+    it. The RunContext (``seed``, ``device``, ``batch_size``: inputs per attack call, default 100, ...).
     """
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
-    sweep = check_sweep(eot_samples, steps)
+    sweep = {**check_sweep(eot_samples, steps), "tolerance": check_tolerance(converge_tolerance)}
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
     inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
@@ -293,10 +251,9 @@ def robust(
     variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
     defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
     runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
-    outcomes: list[dict[str, Any]] = []
     records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
-                                                    inputs, progress=context.progress, outcomes=outcomes)
-    checks, verdicts = judge(records, defence, ks, inputs, sweep, notes)
+                                                    inputs, progress=context.progress, outcomes=(outcomes := []))
+    checks, verdicts = judge(records, outcomes, defence, ks, inputs, sweep, notes)
     return Result(
         records, stamp("robust", model, context, robust_settings(defence, inputs, ks, modes, variants, data, sweep)),
         extra={"checks": checks, "minimal_perturbations": min_perturbations, "per_input": final_outcomes(
@@ -307,7 +264,7 @@ def robust(
 
 def final_outcomes(records: list[dict], outcomes: list[dict]) -> list[dict]:
     """The per-input outcomes (row keys, ``correct``: robust or not per input of the seeded subset) of the
-    records the tables show: a sweep's last counts only (:func:`~jemeval.evaluation.robust.checks.final_records`)."""
+    records the tables show: a sweep's last counts only (:func:`.convergence.final_records`)."""
     shown = {id(r) for r in final_records(records)}
     return [o for r, o in zip(records, outcomes, strict=True) if id(r) in shown]
 
@@ -352,15 +309,16 @@ def sweep_runs(runs: list[Run], variants: list[tuple[str, list[Attack]]], eot_co
 
 def swept_axes(sweep: dict[str, list[int] | None]) -> list[str]:
     """The counts swept (eot_samples, steps): those given as a list of two or more."""
-    return [axis for axis, counts in sweep.items() if counts is not None and len(counts) > 1]
+    return [axis for axis in ("eot_samples", "steps") if sweep.get(axis) is not None and len(sweep[axis]) > 1]
 
 
-def judge(records: list[dict], defence: Defence, ks: list[int], inputs: Batches, sweep: dict[str, list[int] | None],
-          notes: list[str]) -> tuple[list[dict], list[dict]]:
-    """(the checklist, the convergence verdicts); each record gets its curve's ``converged``, and
-    ``notes`` a line for a swept count that no run uses (its sweep measured nothing)."""
+def judge(records: list[dict], outcomes: list[dict], defence: Defence, ks: list[int], inputs: Batches,
+          sweep: dict[str, Any], notes: list[str]) -> tuple[list[dict], list[dict]]:
+    """(the checklist, the convergence verdicts); each record gets its curve's ``converged`` and its
+    ``flags``, and ``notes`` a line for a swept count that no run uses (its sweep measured nothing)."""
     deterministic = [k for k in ks if not defence.stochastic(k)]
-    verdicts = convergence(records, swept=swept_axes(sweep), deterministic_ks=deterministic)
+    verdicts = convergence(records, outcomes, swept=swept_axes(sweep), deterministic_ks=deterministic,
+                           tolerance=sweep["tolerance"])
     mark_converged(records, verdicts)
     for axis in swept_axes(sweep):
         if all(v["converged"] is None for v in verdicts if v["axis"] == axis):
@@ -369,6 +327,7 @@ def judge(records: list[dict], defence: Defence, ks: list[int], inputs: Batches,
                 if axis == "eot_samples" else "no attack takes a steps setting that its spec leaves open"))
     checks = sanity_checks(records, input_dims=int(np.prod(inputs.x.shape[1:])),
                            num_classes=defence.model.num_classes, verdicts=verdicts)
+    record_flags(records, checks, [k for k in ks if defence.stochastic(k)])
     return checks, verdicts
 
 
@@ -381,7 +340,8 @@ def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: lis
         "epsilon_units": "pixel units in [0, 1] (model space = 2 x epsilon)",
         "refine_steps": ks, "grad_modes": modes, "chains": defence.chains, "sigma": defence.chain_sigma,
         "eot_samples": sweep["eot_samples"] if len(sweep["eot_samples"]) > 1 else defence.eot_samples,
-        **({"sweep": {**{a: sweep[a] for a in swept_axes(sweep)}, "paired": PAIRED}} if swept_axes(sweep) else {}),
+        **({"sweep": {**{a: sweep[a] for a in swept_axes(sweep)}, "paired": PAIRED,
+                      "converge_tolerance": sweep["tolerance"]}} if swept_axes(sweep) else {}),
         "gradient_checkpointing": defence.checkpoint,  # as given (None: automatic); where it was on:
         "gradient_checkpointing_steps": [k for k in ks if k and defence.classifier(k, "full").checkpoint],
         "draws": defence.draws, "stochastic_refine_steps": [k for k in ks if defence.stochastic(k)],
