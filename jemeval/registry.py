@@ -160,14 +160,36 @@ def parse_spec(spec: str) -> Spec:
     return Spec(name=name, variant=variant, options=options, classes=classes)
 
 
+#: an item of a comma list that is an option (``eps=0.0014``): it continues the spec before it
+_OPTION_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def split_specs(value: str | Sequence[str] | None, what: str) -> list[str]:
     """A comma list of specs (``"uniform,digits[0,1]"``; brackets keep their commas) or a sequence
     of them -> a list of specs. A single string is never iterated character by character, so
-    ``evaluate_ood(m, "uniform")`` means the set 'uniform', as ``--ood uniform`` does."""
+    ``evaluate_ood(m, "uniform")`` means the set 'uniform', as ``--ood uniform`` does.
+
+    A spec's options are comma-separated too, so an item that is ``key=value`` continues the spec
+    before it: ``"odin:T=1000,eps=0.0014,maxprob"`` is ``odin:T=1000,eps=0.0014`` and ``maxprob``
+    (before, ``eps=0.0014`` was read as a score of its own); one with no ``NAME:`` before it stays an
+    item of its own (and is then an unknown name)."""
     if value is None:
         return []
     if not isinstance(value, str):
         return [str(v).strip() for v in value if str(v).strip()]
+    items: list[str] = []
+    for item in _split_top_level(value):
+        if _OPTION_ITEM.match(item) and items and ":" in items[-1]:
+            items[-1] += "," + item
+        else:
+            items.append(item)
+    if not items:
+        raise UsageError(f"{what} is empty; give a comma-separated list")
+    return items
+
+
+def _split_top_level(value: str) -> list[str]:
+    """The non-empty items of a comma list, brackets keeping their commas."""
     items, depth, cur = [], 0, ""
     for ch in value:
         if ch == "[":
@@ -180,10 +202,7 @@ def split_specs(value: str | Sequence[str] | None, what: str) -> list[str]:
         else:
             cur += ch
     items.append(cur.strip())
-    items = [i for i in items if i]
-    if not items:
-        raise UsageError(f"{what} is empty; give a comma-separated list")
-    return items
+    return [i for i in items if i]
 
 
 class Registry:

@@ -94,6 +94,21 @@ def _component(kind: str, obj_or_name: Any) -> Any:
     return obj_or_name
 
 
+def _score_and_options(score_or_spec: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(registered score or detector, options) of a score spec as the command line reads it
+    (``margin:prob=True``, ``odin:T=1000,eps=0.0014``: the one parser,
+    :func:`jemeval.evaluation.batching.resolve_score`), with the keyword ``options`` over the spec's,
+    all checked by name and range as the evaluation checks them; an object is taken as it is."""
+    if not isinstance(score_or_spec, str):
+        return score_or_spec, dict(options)
+    from jemeval.evaluation.batching import check_score_options, resolve_score
+
+    resolved = resolve_score(score_or_spec)
+    merged = {**resolved.options, **options}
+    check_score_options(resolved.fn, merged, resolved.name)
+    return _component("score", resolved.name), merged
+
+
 def check_model(factory_or_name: Any, num_classes: int = 3, input_shape: Sequence[int] = (3, 32, 32),
                 **options) -> nn.Module:
     """A model factory builds an nn.Module mapping N x C x H x W to N x K finite logits, differentiable in x."""
@@ -127,8 +142,11 @@ def check_dataset(factory_or_name: Any, split: str = "test", **options) -> Any:
 
 def check_score(score_or_name: Any, model: EnergyModel | None = None, n: int = 8, **options) -> torch.Tensor:
     """A score maps (model, x) to a finite Tensor[N]; it is per-example (batch-independent), leaves the
-    model's mode, parameters and their gradients untouched, and is deterministic for an eval-mode model."""
-    score = as_score(_component("score", score_or_name))
+    model's mode, parameters and their gradients untouched, and is deterministic for an eval-mode model.
+    ``score_or_name``: the score, or a spec as ``--score`` takes it (``margin:prob=True``)."""
+    obj, options = _score_and_options(score_or_name, options)
+    assert not is_detector(obj), "a detector is checked with check_detector (it must be fitted first)"
+    score = as_score(obj)
     model = model or tiny_model()
     model.eval()
     x = torch.rand(n, *model.input_shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
@@ -183,8 +201,8 @@ def check_detector(detector_or_name: Any, model: EnergyModel | None = None, data
     (:func:`check_score`). What it declares holds: a ``cacheable`` one's ``state_dict()`` holds tensors
     and plain values (``torch.load(weights_only=True)`` reads it) and restores the same scores in a
     fresh copy; with ``uses_features``, ``score_features`` equals ``score`` and ``fit_features`` fits
-    as ``fit`` does."""
-    obj = _component("score", detector_or_name)
+    as ``fit`` does. ``detector_or_name``: the detector, or a spec as ``--score`` takes it (``knn:k=10``)."""
+    obj, options = _score_and_options(detector_or_name, options)
     assert is_detector(obj), "a detector subclasses jemeval.Detector (fit(model, dataset, **options), score(model, x))"
     model = (model or tiny_model()).eval()
     dataset = dataset if dataset is not None else tiny_dataset(64, model.input_shape, model.num_classes)

@@ -190,7 +190,8 @@ def test_each_use_of_a_detector_has_its_own_instance(clf):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("knn:k=0", "k must be a whole number in 1..1347"),
+    ("knn:k=0", "k must be a whole number >= 1 (e.g. knn:k=50), got 0"),
+    ("knn:k=2000", "needs at least 2000 fit images (the distance to the k-th nearest fit image), got 1347"),
     ("knn:kk=3", "has no option 'kk' (did you mean 'k'?)"),
     ("vim:d=64", "d must be a whole number in 1..63"),
     ("react:percentile=90", "use 0.9 for 90%"),

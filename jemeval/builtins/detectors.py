@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from jemeval.builtins.scores import fraction
-from jemeval.components.detector import Detector
+from jemeval.components.detector import Detector, FitMinimum
+from jemeval.components.options import fraction, whole
 from jemeval.deprecations import moved_names
 from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
@@ -110,11 +110,23 @@ class FittedDetector(Detector):
         return impl.predict_features(features)
 
 
+def shared_covariance_minimum(dim: int, classes: int) -> FitMinimum:
+    """A covariance of D features shared by C classes (each image centred on its class mean) has rank at most
+    N - C: below N = C + D it is singular, and the 1e-6 ridge pytorch-ood adds makes the distances along the
+    directions no image spans a million times larger than the others."""
+    means = f"{classes} class mean{'s' if classes != 1 else ''}"
+    return FitMinimum(images=classes + dim, why=f"a covariance of {dim} features around {means} has full rank only "
+                                                f"with {classes} + {dim} images")
+
+
 class Mahalanobis(FittedDetector):
     """Mahalanobis distance to the closest class mean, shared covariance (Lee et al. 2018); needs labels."""
 
     name = "mahalanobis"
     needs_labels = True
+
+    def fit_minimum(self, *, dim, classes, **options):
+        return shared_covariance_minimum(dim, classes)
 
     def fit_features(self, model, features, logits, labels):
         from pytorch_ood.detector import Mahalanobis as Impl
@@ -139,10 +151,12 @@ class KNN(FittedDetector):
 
     name = "knn"
     grid = {"k": [50, 100, 200, 500, 1000]}
+    ranges = {"k": whole()}
+
+    def fit_minimum(self, *, dim, classes, k=50, **options):
+        return FitMinimum(images=int(k), why="the distance to the k-th nearest fit image")
 
     def fit_features(self, model, features, logits, labels, *, k: int = 50):
-        if int(k) != k or not 1 <= int(k) <= len(features):
-            raise UsageError(f"score 'knn': k must be a whole number in 1..{len(features)} (the fit images), got {k!r}")
         return self._fitted({"features": features.detach().float().cpu(), "k": int(k)})
 
     def _build(self):
@@ -162,6 +176,12 @@ class ViM(FittedDetector):
 
     name = "vim"
     grid = {"d": [16, 32, 64, 128, 256, 512]}
+    ranges = {"d": whole(none=True)}
+
+    def fit_minimum(self, *, dim, classes, d=None, **options):
+        d = default_vim_dim(dim) if d is None else int(d)
+        return FitMinimum(images=d + 2, why=f"the top-{d} principal subspace holds every centred feature of {d} + 1 "
+                                            "fit images or fewer, and ViM divides by their residual norm, then 0")
 
     def fit_features(self, model, features, logits, labels, *, d: int | None = None):
         from pytorch_ood.detector import ViM as Impl
@@ -190,6 +210,8 @@ class ReAct(FittedDetector):
 
     name = "react"
     grid = {"percentile": [0.85, 0.90, 0.95, 0.99]}
+    #: at 0 every feature is clipped to the smallest fit activation: one logit vector for every input
+    ranges = {"percentile": fraction(gt=0.0)}
     assumes_nonnegative_features = True
     help = f"ReAct: energy after clipping features at a fit percentile; {RELU_HELP}"
 
@@ -197,7 +219,7 @@ class ReAct(FittedDetector):
         from pytorch_ood.detector import ReAct as Impl
 
         w, b = linear_head(model)
-        impl = Impl(None, _linear(w, b), percentile=fraction("react", "percentile", percentile))
+        impl = Impl(None, _linear(w, b), percentile=float(percentile))
         impl.fit_feature_maps(features.float(), torch.zeros(len(features), dtype=torch.long))
         return self._fitted({"threshold": float(impl.threshold), "percentile": float(percentile), "w": w, "b": b,
                              "negative_fraction": negative_fraction(features)})
@@ -216,6 +238,8 @@ class DICE(FittedDetector):
 
     name = "dice"
     grid = {"p": [0.1, 0.3, 0.5, 0.7, 0.9]}
+    #: at 1 every weight is zeroed: the score is the energy of the bias, one value for every input
+    ranges = {"p": fraction(lt=1.0)}
     assumes_nonnegative_features = True
     help = f"DICE: energy of a sparsified last layer; {RELU_HELP}"
 
@@ -223,7 +247,7 @@ class DICE(FittedDetector):
         from pytorch_ood.detector import DICE as Impl
 
         w, b = linear_head(model)
-        impl = Impl(None, w, b, fraction("dice", "p", p)).fit_features(features.float(),
+        impl = Impl(None, w, b, float(p)).fit_features(features.float(),
                                                                         torch.zeros(len(features), dtype=torch.long))
         return self._fitted({"p": float(p), "w": w, "b": b, "masked_w": impl.masked_w.cpu(),
                              "threshold": float(impl.threshold), "negative_fraction": negative_fraction(features)})

@@ -30,41 +30,15 @@ Fitted detectors are in :mod:`jemeval.builtins.detectors`.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from jemeval.components import pixel_to_model_scale
+from jemeval.components.options import choice, fraction, number
 from jemeval.components.score import score
 from jemeval.energy.model import log_p
-from jemeval.errors import UsageError
 from jemeval.hookspecs import hookimpl
 from jemeval.sampling.sgld import frozen, input_grad
-
-
-def positive(score: str, option: str, value, example: str) -> float:
-    """An option that must be a finite number > 0 (a temperature: 0 would divide by zero, and the NaN
-    scores that follow would be blamed on the model's outputs)."""
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        t = float("nan")
-    if not (math.isfinite(t) and t > 0):
-        raise UsageError(f"score {score!r}: {option} must be a finite number > 0 (e.g. {example}), got {value!r}")
-    return t
-
-
-def fraction(score: str, option: str, value) -> float:
-    """An option that is a fraction in [0, 1] (percentiles are fractions, as in pytorch-ood)."""
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        p = float("nan")
-    if not 0.0 <= p <= 1.0:
-        hint = f"; use {p / 100:g} for {p:g}%" if 1.0 < p <= 100.0 else ""
-        raise UsageError(f"score {score!r}: {option} must be a fraction in [0, 1], got {value!r}{hint}")
-    return p
 
 
 @score(from_logits=log_p)
@@ -95,12 +69,16 @@ def maxlogit(model, x):
         return model.logits(x).amax(dim=1)
 
 
+#: a temperature divides the logits: 0 would divide by zero, and the NaN scores would be blamed on the model
+TEMPERATURE = number(gt=0.0, label="the temperature T")
+
+
 def _energy_from_logits(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
-    t = positive("energy", "the temperature T", T, "energy:T=1")
+    t = float(T)
     return t * log_p(logits / t)
 
 
-@score(from_logits=_energy_from_logits, grid={"T": [1, 10, 100, 1000]})
+@score(from_logits=_energy_from_logits, grid={"T": [1, 10, 100, 1000]}, ranges={"T": TEMPERATURE})
 def energy(model, x, *, T: float = 1.0):
     """T * logsumexp(f(x)/T): negative free energy at temperature T (energy:T=2)."""
     with torch.no_grad():
@@ -133,13 +111,13 @@ def gradnorm(model, x):
 
 
 def _gradnorm_huang_from_features(model, features, logits, *, T: float = 1.0) -> torch.Tensor:
-    t = positive("gradnorm-huang", "the temperature T", T, "gradnorm-huang:T=1")
+    t = float(T)
     k = logits.shape[1]
     d_logits = ((logits.double() / t).softmax(dim=1) - 1.0 / k) / t  # d(mean_c -log softmax_c)/d logits
     return d_logits.abs().sum(dim=1) * features.double().abs().sum(dim=1)
 
 
-@score(from_features=_gradnorm_huang_from_features)
+@score(from_features=_gradnorm_huang_from_features, ranges={"T": TEMPERATURE})
 def gradnorm_huang(model, x, *, T: float = 1.0):
     """Huang et al.'s GradNorm: L1 norm of the last layer's weight gradient of KL(uniform || p(y|x; T))."""
     with torch.no_grad():
@@ -147,13 +125,11 @@ def gradnorm_huang(model, x, *, T: float = 1.0):
     return _gradnorm_huang_from_features(model, features, logits, T=T)
 
 
-@score(grid={"T": [1, 10, 100, 1000], "eps": [0.0014, 0.0028]})
+@score(grid={"T": [1, 10, 100, 1000], "eps": [0.0014, 0.0028]},
+       ranges={"T": TEMPERATURE, "eps": number(ge=0.0)})  # eps in pixel units, as attack epsilons
 def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
     """ODIN: max softmax at temperature T after an eps (pixel units) signed-gradient input step."""
-    t = positive("odin", "the temperature T", T, "odin:T=1000")
-    if not (math.isfinite(float(eps)) and float(eps) >= 0):
-        raise UsageError(f"score 'odin': eps must be a finite number >= 0 (pixel units, e.g. odin:eps=0.0014), "
-                         f"got {eps!r}")
+    t = float(T)
     with frozen(model):
         xg = x.detach().requires_grad_(True)
         with torch.enable_grad():
@@ -168,18 +144,17 @@ def odin(model, x, *, T: float = 1000.0, eps: float = 0.0014):
 def _ash_from_features(model, features, logits, *, variant: str = "ash-s", percentile: float = 0.90):
     from pytorch_ood.detector import ASH
 
-    if variant not in ASH.variants:
-        raise UsageError(f"score 'ash': unknown variant {variant!r}; choose {', '.join(sorted(ASH.variants))}")
     head = model.classifier()
-    detector = ASH(backbone=None, head=lambda h: head(h.flatten(1)), variant=variant,
-                   percentile=fraction("ash", "percentile", percentile))
+    detector = ASH(backbone=None, head=lambda h: head(h.flatten(1)), variant=variant, percentile=float(percentile))
     return -detector.predict_feature_maps(features[:, :, None, None])
 
 
 # pruning the largest activations presumes ReLU features; percentile 0.90 is OpenOOD v1.5's for its CIFAR
 # benchmarks (configs/postprocessors/ash.yml), the paper's 0.65 was chosen on ImageNet
+# percentile 1 prunes every activation (ASH-S then divides by their sum, 0); the variants are pytorch-ood's ASH.variants
 @score(from_features=_ash_from_features, assumes_nonnegative_features=True,
-       grid={"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]})
+       grid={"percentile": [0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95]},
+       ranges={"variant": choice("ash-s", "ash-b", "ash-p"), "percentile": fraction(lt=1.0)})
 def ash(model, x, *, variant: str = "ash-s", percentile: float = 0.90):
     """ASH: prune (and binarize or rescale) the penultimate activations, then the energy of the logits."""
     with torch.no_grad():

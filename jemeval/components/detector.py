@@ -24,18 +24,26 @@ declared as class attributes, read by the evaluation and never probed:
 * ``needs_labels``: the fit data must be labelled; ``assumes_nonnegative_features``: the score
   presumes ReLU penultimate features (a note says when the model's are not);
 * ``grid``: option -> candidates, searched by ``tune_on``; ``needs_fit``: scoring before a fit
-  raises :class:`NotFittedError` (set False for a detector whose fit is optional).
+  raises :class:`NotFittedError` (set False for a detector whose fit is optional);
+* ``ranges``: option -> :class:`jemeval.components.options.Range`, the values each option takes
+  (``knn``'s k a whole number >= 1): a value outside is refused in one line;
+* :meth:`Detector.fit_minimum`: the fewest fit images (in all, of each class) the fitted state means
+  something with (``gmm``: a full covariance per class needs D + 1 images of each class); a smaller fit
+  set is refused in one line naming the detector, the count and the minimum.
 
 The options of ``--score NAME:k=3`` are the keyword parameters of ``fit_features`` (with
 ``uses_features``) or of ``fit``. The unfitted check wraps the methods a subclass defines (once, when
 the class is created), so every detector, a plugin's included, fails in one line instead of deep
-inside a matrix product. torch is imported where it is used: a plugin module that subclasses
-:class:`Detector` at its top stays cheap to import (``jemeval --help`` imports every plugin).
+inside a matrix product; the same wrappers check the options' ranges and the fit minimum, whoever
+calls the fit (the evaluation, or a user in Python). torch is imported where it is used: a plugin
+module that subclasses :class:`Detector` at its top stays cheap to import (``jemeval --help`` imports
+every plugin).
 """
 from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jemeval.errors import JemevalError, UsageError
@@ -72,9 +80,77 @@ def extract_outputs(model, dataset, batch_size: int = 256) -> tuple[torch.Tensor
     return features, logits, labels
 
 
+@dataclass(frozen=True)
+class FitMinimum:
+    """The fewest fit images a detector's fitted state means what it says with: ``images`` in all,
+    ``per_class`` of each class the fit data holds (of each of the model's classes with
+    ``every_class``); ``why`` says what needs them (a message quotes it). Labelled images are counted
+    when ``per_class`` is set or the detector ``needs_labels``."""
+
+    images: int = 1
+    per_class: int = 0
+    every_class: bool = False
+    why: str = ""
+
+
+def fit_options(detector: Detector, options: dict[str, Any]) -> dict[str, Any]:
+    """The options a fit runs with: the defaults of ``fit_features`` (or ``fit``) with ``options`` over them."""
+    from jemeval.registry import option_defaults
+
+    method, skip = (detector.fit_features, 4) if detector.uses_features else (detector.fit, 2)
+    return {**option_defaults(method, skip=skip), **options}
+
+
+def check_fit_options(detector: Detector, options: dict[str, Any]) -> None:
+    """The options' declared ranges (:mod:`jemeval.components.options`), before a fit."""
+    if options:
+        from jemeval.components.options import check_option_values
+
+        check_option_values(detector, options, detector.label, defaults=fit_options(detector, {}))
+
+
+def check_fit_size(detector: Detector, features: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                   options: dict[str, Any]) -> None:
+    """Refuse a fit set smaller than the detector's :meth:`~Detector.fit_minimum`, in one line naming the
+    detector, the count and the minimum (before: ``gmm``, ``rmd`` and ``openmax`` fitted on one image
+    printed AUROCs)."""
+    import torch
+
+    known = labels[labels >= 0].long() if labels is not None else torch.zeros(0, dtype=torch.long)
+    counts = torch.bincount(known, minlength=int(logits.shape[1]) if logits is not None else 0)
+    present = counts[counts > 0]
+    need = detector.fit_minimum(dim=int(features.shape[1]) if features is not None and features.dim() > 1 else 0,
+                                classes=int(len(present)), **fit_options(detector, options))
+    if need is None:
+        return
+    what = f"score {detector.label!r}" + (f" ({_options_text(options)})" if options else "")
+    why = f" ({need.why})" if need.why else ""
+    labelled = need.per_class > 0 or detector.needs_labels
+    n = int(len(known)) if labelled else int(len(features) if features is not None else len(labels))
+    if labelled and n == 0:
+        return  # no labels at all: the detector's own "needs labelled fit data" says so
+    if n < need.images:
+        raise UsageError(f"{what} needs at least {need.images} {'labelled ' if labelled else ''}fit images{why}, got "
+                         f"{n}: fit on more images (fit_n, fit_on)", param="fit_n")
+    per_class = counts if need.every_class else present
+    if need.per_class > 0 and len(per_class) and int(per_class.min()) < need.per_class:
+        c = int(torch.nonzero(counts == per_class.min())[0])
+        of = f"each of the model's {len(counts)} classes" if need.every_class else "each class"
+        raise UsageError(f"{what} needs at least {need.per_class} fit images of {of}{why}; class {c} has "
+                         f"{int(counts[c])}: fit on more images (fit_n, fit_on)", param="fit_n")
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in options.items())
+
+
 def _marks_fitted(method):
     @functools.wraps(method)
     def fitting(self, *args, **kwargs):
+        if method.__name__ in ("fit", "fit_features"):
+            check_fit_options(self, kwargs)
+        if method.__name__ == "fit_features" and len(args) >= 4:  # (model, features, logits, labels)
+            check_fit_size(self, args[1], args[2], args[3], kwargs)
         out = method(self, *args, **kwargs)
         self._fit_done = True
         return out
@@ -104,6 +180,9 @@ class Detector:
     needs_fit: bool = True
     assumes_nonnegative_features: bool = False
     grid: dict[str, list] = {}
+    #: option -> :class:`jemeval.components.options.Range`; relations between two options (``Below``)
+    ranges: dict[str, Any] = {}
+    relations: tuple = ()
     _fit_done = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -142,6 +221,11 @@ class Detector:
                      **options) -> Detector:
         """Fit on the fit data's penultimate features (N x D), logits (N x K) and labels (N, -1 unlabelled)."""
         raise NotImplementedError(f"{type(self).__name__} does not fit on features (uses_features is False)")
+
+    def fit_minimum(self, *, dim: int, classes: int, **options) -> FitMinimum | None:
+        """The fewest fit images for these ``options`` (every option, defaults filled in), features of
+        ``dim`` dimensions and ``classes`` classes in the fit data: by default one image."""
+        return FitMinimum()
 
     def score(self, model, x: torch.Tensor) -> torch.Tensor:
         """Tensor[N], higher = more in-distribution: by default :meth:`score_features` of one forward pass."""

@@ -12,7 +12,10 @@ A plain function is a score; what else jemeval may do with it is declared, not p
   and this gradient all come from the same pass;
 * ``grid``: option -> candidates, searched by ``tune_on``;
 * ``assumes_nonnegative_features``: the score presumes ReLU features (a note says when the
-  model's are not).
+  model's are not);
+* ``ranges``: option -> :class:`jemeval.components.options.Range`, the values it takes (``energy``'s
+  T > 0): a value outside is refused in one line before any work (optional: a score that declares
+  none has its options checked only by name).
 
 The :func:`score` decorator declares them on a function (a :class:`ScoreFunction` keeps the
 function's name, docstring and signature, so its options are checked against it)::
@@ -50,7 +53,8 @@ class ScoreFunction:
 
     def __init__(self, fn: Callable[..., Any], *, from_logits: Callable[..., Any] | None = None,
                  from_features: Callable[..., Any] | None = None, from_input_grad: Callable[..., Any] | None = None,
-                 grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False) -> None:
+                 grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False,
+                 ranges: Mapping[str, Any] | None = None) -> None:
         functools.update_wrapper(self, fn)  # name, docstring, module; signature through __wrapped__
         self.fn = fn
         self.from_logits = from_logits
@@ -58,8 +62,15 @@ class ScoreFunction:
         self.from_input_grad = from_input_grad
         self.grid = {k: list(v) for k, v in (grid or {}).items()}
         self.assumes_nonnegative_features = bool(assumes_nonnegative_features)
+        self.ranges = dict(ranges or {})
 
     def __call__(self, model: Any, x: Any, **options: Any) -> Any:
+        if options and self.ranges:  # called directly (the evaluation checked them when it parsed the spec)
+            from jemeval.components.options import check_option_values
+            from jemeval.registry import option_defaults
+
+            check_option_values(self, options, self.__name__.replace("_", "-"),
+                                defaults=option_defaults(self.fn, skip=2))
         return self.fn(model, x, **options)
 
     def __repr__(self) -> str:
@@ -68,13 +79,15 @@ class ScoreFunction:
 
 def score(fn: Callable[..., Any] | None = None, *, from_logits: Callable[..., Any] | None = None,
           from_features: Callable[..., Any] | None = None, from_input_grad: Callable[..., Any] | None = None,
-          grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False):
+          grid: Mapping[str, Sequence[Any]] | None = None, assumes_nonnegative_features: bool = False,
+          ranges: Mapping[str, Any] | None = None):
     """Decorator: ``fn(model, x, **options)`` as a :class:`Score` with the given capabilities
-    (``@score`` alone declares none)."""
+    (``@score`` alone declares none); ``ranges`` declares the values each option takes
+    (:mod:`jemeval.components.options`)."""
     def decorate(f: Callable[..., Any]) -> ScoreFunction:
         return ScoreFunction(f, from_logits=from_logits, from_features=from_features,
                              from_input_grad=from_input_grad, grid=grid,
-                             assumes_nonnegative_features=assumes_nonnegative_features)
+                             assumes_nonnegative_features=assumes_nonnegative_features, ranges=ranges)
 
     return decorate if fn is None else decorate(fn)
 
@@ -87,4 +100,5 @@ def as_score(obj: Callable[..., Any]) -> Score:
     return ScoreFunction(obj, from_logits=getattr(obj, "from_logits", None),
                          from_features=getattr(obj, "from_features", None),
                          from_input_grad=getattr(obj, "from_input_grad", None), grid=getattr(obj, "grid", None),
-                         assumes_nonnegative_features=bool(getattr(obj, "assumes_nonnegative_features", False)))
+                         assumes_nonnegative_features=bool(getattr(obj, "assumes_nonnegative_features", False)),
+                         ranges=getattr(obj, "ranges", None))

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 from jemeval.components import is_detector
 from jemeval.components.adapters import new_detector
 from jemeval.components.detector import Detector
+from jemeval.components.options import check_option_values
 from jemeval.components.score import Score, as_score
 from jemeval.context import RunContext, takes_context
 from jemeval.data import iterate_batches
@@ -109,8 +110,11 @@ def option_target(fn: Score | Detector) -> tuple[Callable, int]:
 
 
 def check_score_options(fn: Score | Detector, options: dict[str, Any], name: str) -> None:
+    """Every option a name the score takes, and a value within its declared range
+    (:mod:`jemeval.components.options`): ``gen:gamma=-1`` is refused here, before any work."""
     target, skip = option_target(fn)
     check_options(target, options, f"score {name!r}", skip=skip)
+    check_option_values(fn, options, name, defaults=option_defaults(target, skip=skip))
 
 
 def resolved_options(score_fn: ScoreFn) -> dict[str, Any]:
@@ -120,22 +124,28 @@ def resolved_options(score_fn: ScoreFn) -> dict[str, Any]:
     return {**option_defaults(target, skip=skip), **score_fn.options}
 
 
+def resolve_score(text: str) -> ScoreFn:
+    """One score spec (``logpx``, ``energy:T=2``, ``odin:T=1000,eps=0.0014``) -> :class:`ScoreFn`: the one
+    parser of score specs (the command line, ``evaluate_ood`` and :mod:`jemeval.testing` all use it).
+    Unknown names fail with a suggestion; options are checked by name and range."""
+    spec = parse_spec(text)
+    if spec.variant is not None or spec.classes is not None:
+        raise UsageError(f"score {text!r}: scores take only key=value options, e.g. 'energy:T=2'")
+    registered = get_registry().get("score", spec.name)
+    fn = new_detector(registered) if is_detector(registered) else as_score(registered)
+    check_score_options(fn, spec.options, spec.name)
+    return ScoreFn(str(spec), spec.name, fn, dict(spec.options))
+
+
 def resolve_scores(specs: Sequence[str]) -> list[ScoreFn]:
-    """Score specs (``logpx``, ``energy:T=2``) -> :class:`ScoreFn`; unknown names fail with a suggestion."""
-    registry = get_registry()
+    """Score specs -> :class:`ScoreFn` (:func:`resolve_score` each); a label given twice is refused."""
     resolved, seen = [], set()
     for text in specs:
-        spec = parse_spec(text)
-        if spec.variant is not None or spec.classes is not None:
-            raise UsageError(f"score {text!r}: scores take only key=value options, e.g. 'energy:T=2'")
-        registered = registry.get("score", spec.name)
-        fn = new_detector(registered) if is_detector(registered) else as_score(registered)
-        check_score_options(fn, spec.options, spec.name)
-        label = str(spec)
-        if label in seen:
-            raise UsageError(f"score {label!r} is given twice")
-        seen.add(label)
-        resolved.append(ScoreFn(label, spec.name, fn, dict(spec.options)))
+        score = resolve_score(text)
+        if score.label in seen:
+            raise UsageError(f"score {score.label!r} is given twice")
+        seen.add(score.label)
+        resolved.append(score)
     return resolved
 
 

@@ -22,7 +22,8 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
                 help="In-distribution dataset. Default: the model's training dataset.")
 @click.option("--split", default="test", show_default=True, help="Split of the ID and OOD datasets.")
 @click.option("--score", "scores", default="logpx,maxprob,gradnorm", show_default=True,
-              help="Comma-separated scores and detectors, with options as 'energy:T=2', 'knn:k=50': logpx, maxprob, "
+              help="Comma-separated scores and detectors, with options as 'energy:T=2', 'odin:T=1000,eps=0.0014' (an "
+                   "item key=value continues the score before it): logpx, maxprob, "
                    "gradnorm, energy, entropy, odin, mahalanobis, knn, vim, react, dice, ash, ... "
                    "See 'jemeval list scores'.")
 @dataset_option("--tune-on", "tune_on", default=None,

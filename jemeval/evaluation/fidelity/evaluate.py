@@ -8,7 +8,8 @@ Two families of numbers, because the published ones cannot be reproduced everywh
   say little (a note says so).
 * **A Frechet distance in the feature space of any jemeval checkpoint** (``features``):
   the input of the network's final Linear layer (its penultimate features). It works offline and
-  on small images such as digits, and :func:`frechet_distance` is plain numpy. With ``ref_cache``
+  on small images such as digits, and :func:`~jemeval.evaluation.fidelity.frechet.frechet_distance` is
+  plain numpy. With ``ref_cache``
   the reference features of each such model are kept in the same file as Inception's, keyed on the
   model's weights and checkpoint SHA-256 and on the reference pixels (:func:`fd_cache_key`).
 
@@ -33,7 +34,9 @@ from jemeval.context import CachePolicy, RunContext, takes_context
 from jemeval.data import load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
+from jemeval.evaluation.batching import check_finite_outputs
 from jemeval.evaluation.fidelity.extractors import LIBRARY_METRICS, library_metrics, metric_extractors, open_ref_cache
+from jemeval.evaluation.fidelity.frechet import feature_statistics, frechet_distance, frechet_distance_from_features
 from jemeval.evaluation.fidelity.inception import (
     EXTRACTORS,
     INCEPTION_FILE,
@@ -52,44 +55,12 @@ from jemeval.provenance import provenance
 from jemeval.results import Result
 from jemeval.runtime.devices import resolve_device
 
-__all__ = ["INCEPTION_FILE", "INCEPTION_METRICS", "METRICS", "WEIGHTS_ENV", "check_inception_weights", "fidelity",
-           "frechet_distance", "require_torch_fidelity", "to_uint8_rgb"]
+__all__ = ["INCEPTION_FILE", "INCEPTION_METRICS", "METRICS", "WEIGHTS_ENV", "check_inception_weights",
+           "feature_statistics", "fidelity", "frechet_distance", "frechet_distance_from_features",
+           "require_torch_fidelity", "to_uint8_rgb"]
 
 METRICS = (*LIBRARY_METRICS, "fd")
 DEFAULT_BATCH_SIZE = 256
-
-
-# -- Frechet distance --------------------------------------------------------------------------
-def feature_statistics(features: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and covariance (unbiased, float64) of N x D features."""
-    f = np.asarray(features.detach().cpu() if torch.is_tensor(features) else features, dtype=np.float64)
-    if f.ndim != 2 or len(f) < 2:
-        raise UsageError(f"need at least 2 feature vectors (N x D) for a Frechet distance, got shape {f.shape}")
-    return f.mean(axis=0), np.atleast_2d(np.cov(f, rowvar=False))
-
-
-def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
-    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)) between two Gaussians.
-
-    Tr (S1 S2)^(1/2) is computed as Tr (S1^(1/2) S2 S1^(1/2))^(1/2), a symmetric PSD matrix, with
-    symmetric eigendecompositions: stable for the singular covariances that few samples in many
-    dimensions give, and never complex. Rounding below zero is clipped (the distance is >= 0).
-    """
-    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
-    s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
-    if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != (mu1.size, mu1.size):
-        raise ValueError(f"mismatched Gaussian statistics: means {mu1.shape}, {mu2.shape}; "
-                         f"covariances {s1.shape}, {s2.shape}")
-    w, v = np.linalg.eigh((s1 + s1.T) / 2)
-    s1_half = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
-    middle = s1_half @ s2 @ s1_half
-    tr_covmean = np.sqrt(np.clip(np.linalg.eigvalsh((middle + middle.T) / 2), 0, None)).sum()
-    diff = mu1 - mu2
-    return max(float(diff @ diff + np.trace(s1) + np.trace(s2) - 2.0 * tr_covmean), 0.0)
-
-
-def frechet_distance_from_features(f1: np.ndarray | torch.Tensor, f2: np.ndarray | torch.Tensor) -> float:
-    return frechet_distance(*feature_statistics(f1), *feature_statistics(f2))
 
 
 # -- features of a jemeval model ---------------------------------------------------------------
@@ -125,6 +96,17 @@ def extract_features(model: EnergyModel, x: torch.Tensor, batch_size: int = 256)
     return feats.double().cpu().numpy(), where
 
 
+def finite_features(model: EnergyModel, x: torch.Tensor, batch_size: int, of: str) -> tuple[np.ndarray, str]:
+    """:func:`extract_features`, stopped in one line naming the feature checkpoint and the first batch of
+    ``of`` whose features are NaN or inf (weights that overflow in float32): before, numpy's
+    eigendecomposition of their covariance failed with "Eigenvalues did not converge"."""
+    features, layer = extract_features(model, x, batch_size)
+    starts = range(0, len(features), batch_size)
+    check_finite_outputs("penultimate features", [torch.from_numpy(features[i:i + batch_size]) for i in starts],
+                         model, sizes=[len(features[i:i + batch_size]) for i in starts], of=of)
+    return features, layer
+
+
 def fd_cache_key(model: EnergyModel, reference: torch.Tensor) -> tuple[str, dict[str, Any]]:
     """(entry name, weights identity) of ``model``'s reference features in a ref_cache file: the
     SHA-256 of its weights (what it computes), of its checkpoint file, and of the reference pixels
@@ -141,12 +123,13 @@ def features_fd(features_model: EnergyModel, samples: torch.Tensor, reference: t
         raise UsageError(f"features model takes {tuple(features_model.input_shape)} images but the samples are "
                          f"{tuple(samples.shape[1:])}; use a checkpoint trained on the same kind of images",
                          param="features")
-    f1, layer = extract_features(features_model, samples, batch_size)
+    f1, layer = finite_features(features_model, samples, batch_size, "the samples")
     if cache is None:
-        f2, _ = extract_features(features_model, reference, batch_size)
+        f2, _ = finite_features(features_model, reference, batch_size, "the reference images")
     else:
         def compute() -> dict[str, torch.Tensor]:
-            return {"penultimate": torch.from_numpy(extract_features(features_model, reference, batch_size)[0])}
+            f, _ = finite_features(features_model, reference, batch_size, "the reference images")
+            return {"penultimate": torch.from_numpy(f)}
 
         name, weights = fd_cache_key(features_model, reference)
         f2 = cache.features(name, weights, ["penultimate"], compute)["penultimate"].numpy()
