@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from jemeval.artifacts import Samples, load_samples
 from jemeval.caches.reference_features import ReferenceCache
 from jemeval.context import CachePolicy, RunContext, takes_context
-from jemeval.data import load_dataset, subsample, to_arrays
+from jemeval.data import data_hashes, load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.fidelity.extractors import LIBRARY_METRICS, library_metrics, metric_extractors, open_ref_cache
@@ -304,7 +304,8 @@ def fidelity(
     if cache is not None:
         settings["ref_cache"] = cache.describe()
     notes += cache_notes + (cache.notes if cache is not None else [])
-    return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings),
+    return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings,
+                                                 data=data_hashes([(ref_info or {}).get("dataset")])),
                   extra={"settings": settings}, notes=notes)
 
 
