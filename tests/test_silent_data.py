@@ -27,7 +27,7 @@ from test_custom_data import CLASSES, _checkpoint, _images, _write_pngs, split_f
 
 import jemeval
 from jemeval.cli import cli
-from jemeval.errors import JemevalWarning, UsageError
+from jemeval.errors import UsageError
 from jemeval.formats.native import read_checkpoint
 
 
@@ -281,6 +281,7 @@ def test_ood_sets_made_of_training_images_are_refused_or_warned(work):
 
 def test_row_digests_are_made_once_per_process(work, monkeypatch):
     from jemeval import image_digests
+    from jemeval.errors import JemevalWarning
 
     _npz_with_repeats(work / "d.npz", {1: 1})
     calls = []
