@@ -25,10 +25,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from jemeval.context import shareable
+from jemeval.data_files import data_hashes, dataset_files, dataset_sha256, names_no_path  # noqa: F401 (their home)
 from jemeval.errors import JemevalError, UsageError
 from jemeval.plugins import get_registry
 from jemeval.registry import Spec, call_with_supported, parse_spec
 from jemeval.stored_images import StoredImages, stored_rows
+from jemeval.worker_errors import ErrorsAsData, collate_or_raised, raise_if_raised
 
 DATA_ROOT_ENV = "JEMEVAL_DATA_ROOT"
 
@@ -98,6 +100,21 @@ def check_labels(y: torch.Tensor | None, n: int, source: str) -> None:
                              "store integer class indices (-1 = unlabelled)")
     if len(y) and int(y.min()) < -1:
         raise UsageError(f"{source!r}: labels must be class indices >= 0 (or -1 = unlabelled), found {int(y.min())}")
+    if len(y):
+        check_largest_label(int(y.max()), source)
+
+
+#: the most classes a dataset may have (a label is a class index below it): more than any classification
+#: set (ImageNet-21k 21,841, Google Landmarks v2 203,094); a larger label is a mistake whose model
+#: would not fit in memory (label 2**40 asked for a 2**40-way output layer)
+MAX_CLASSES = 2**20
+
+
+def check_largest_label(top: int, source: str, where: str = "") -> None:
+    """Refuse, before any model is made for it, a label that makes more than :data:`MAX_CLASSES` classes."""
+    if top >= MAX_CLASSES:
+        raise UsageError(f"{source!r}: label {top}{where} would make {top + 1} classes; labels are class indices "
+                         f"0..K-1 with K at most {MAX_CLASSES} (-1 = unlabelled): renumber the classes from 0")
 
 
 class ClassSubset(Dataset):
@@ -159,47 +176,6 @@ def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None 
         except AttributeError:
             pass
     return ds
-
-
-def dataset_files(spec: str) -> list[Path]:
-    """The existing files and folders a dataset spec names (npz:FILE, folder:DIR, interp:npz:FILE,
-    an option holding a path): what a command reads when it loads the set, and what a cache of
-    results derived from it is keyed on (:func:`dataset_sha256`). A malformed spec names none
-    (loading it reports why)."""
-    try:
-        parsed = parse_spec(spec)
-    except JemevalError:
-        return []
-    found = []
-    for text in [parsed.variant, *parsed.options.values()]:
-        if not isinstance(text, str) or not text:
-            continue
-        if Path(text).expanduser().exists():
-            found.append(Path(text).expanduser())
-        elif ":" in text:
-            found.extend(dataset_files(text))
-    return found
-
-
-def names_no_path(spec: str) -> bool:
-    """Whether a dataset spec is a plain name (``cifar10``, ``digits[0-4]``): no ``:ARG`` and no
-    options, so it cannot point at a local file or folder. A spec read from a file someone else
-    wrote (a checkpoint's recorded training set) is used only when this holds: a downloaded
-    checkpoint must not choose which local paths a command reads (``folder:/`` would crawl the disk)."""
-    try:
-        parsed = parse_spec(spec)
-    except JemevalError:
-        return False
-    return parsed.variant is None and not parsed.options and not dataset_files(spec)
-
-
-def dataset_sha256(spec: str) -> str | None:
-    """The SHA-256 of the contents of the files a dataset spec names, or None for a set that names
-    none (a registered set such as ``digits``, identified by its name)."""
-    from jemeval.provenance import content_sha256
-
-    files = dataset_files(spec)
-    return content_sha256(files) if files else None
 
 
 def subsample(ds: Dataset, n: int | None, seed: int = 0, *, name: str = "n") -> Dataset:
@@ -366,18 +342,22 @@ def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.devi
             yield (base.rows(index).to(device, non_blocking=True),
                    base.y[index].to(device, non_blocking=True))
         return
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        pin_memory=device.type == "cuda")
-    for x, y in loader:
+    workers = num_workers > 0  # a worker's JemevalError comes back as data, raised here in one line
+    loader = DataLoader(ErrorsAsData(ds) if workers else ds, batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers, pin_memory=device.type == "cuda",
+                        collate_fn=collate_or_raised if workers else None)
+    for batch in loader:
+        x, y = raise_if_raised(batch)
         yield x.to(device, non_blocking=True), torch.as_tensor(y).long().to(device, non_blocking=True)
 
 
-def to_arrays(ds: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Materialise a (small) dataset as two tensors."""
+def to_arrays(ds: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Materialise a (small) dataset as two tensors (``workers``: DataLoader processes decoding an
+    image folder, :func:`iterate_batches`)."""
     if isinstance(ds, ArrayDataset):
         return ds.x, ds.y
     xs, ys = [], []
-    for x, y in iterate_batches(ds, 512):
+    for x, y in iterate_batches(ds, 512, num_workers=workers):
         xs.append(x)
         ys.append(y)
     return torch.cat(xs), torch.cat(ys)

@@ -15,6 +15,11 @@ class JemevalError(Exception):
     """A problem the user can fix; the message is one line and says how."""
 
 
+class JemevalWarning(UserWarning):
+    """Numbers that are computed but need a caveat the user must see (e.g. test images that are also
+    training images); the command line prints it as one ``warning: ...`` line on stderr."""
+
+
 class UsageError(JemevalError, ValueError):
     """A bad argument or option value (exit code 2 on the command line).
 

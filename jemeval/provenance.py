@@ -29,8 +29,10 @@ def provenance(
     device: str | torch.device | None = None,
     seed: int | None = None,
     settings: dict[str, Any] | None = None,
+    data: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A provenance record. ``model`` (an EnergyModel) contributes its checkpoint path and hash."""
+    """A provenance record. ``model`` (an EnergyModel) contributes its checkpoint path and hash;
+    ``data``: the SHA-256 of the files of each dataset spec read (:func:`jemeval.data.data_hashes`)."""
     from jemeval import __version__
     from jemeval.plugins import get_plugin_manager
 
@@ -65,6 +67,8 @@ def provenance(
         record["seed"] = seed
     if settings:
         record["settings"] = settings
+    if data:
+        record["data_sha256"] = dict(data)
     if rank_and_world()[1] > 1:  # a sharded evaluation (the records are those of one process)
         record["processes"] = rank_and_world()[1]
     return record
@@ -89,19 +93,19 @@ def source_checkout() -> dict[str, Any]:
     return {"jemeval_commit": commit.stdout.strip(), "jemeval_dirty": bool(status.stdout.strip())}
 
 
-_HASH_CACHE: dict[tuple[str, int, int, int, int, int], str] = {}
+_HASH_CACHE: dict[tuple[int, int, int, int, int], str] = {}
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file: the checkpoint hash in provenance. Kept for this process by path, device,
-    inode, size and change times, so a file replaced at the same path (even with its old mtime) is
-    hashed again."""
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    """SHA-256 of a file: the checkpoint hash in provenance, and of every data file. Kept for this
+    process by device, inode, size and change times (one ``stat``: a folder of 10,000 images is
+    hashed once and looked up again at that cost), so a file replaced at the same path (even with
+    its old mtime) is hashed again, and a file reached by two paths (a link) once."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _HASH_CACHE:
         h = hashlib.sha256()
-        with open(p, "rb") as fh:
+        with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         _HASH_CACHE[key] = h.hexdigest()
@@ -114,13 +118,21 @@ def content_sha256(paths: list[str | os.PathLike]) -> str:
     h = hashlib.sha256()
     for root in sorted(Path(p) for p in paths):
         h.update(f"{root}\0".encode())
-        files = [root] if root.is_file() else sorted(f for f in _walk(root) if f.is_file())
-        for f in files:
-            h.update(f"{f.relative_to(root) if f != root else ''}\0{file_sha256(f)}\0".encode())
+        files = [(str(root), "")] if root.is_file() else _files_under(root)
+        for path, relative in files:
+            h.update(f"{relative}\0{file_sha256(path)}\0".encode())
     return h.hexdigest()
 
 
-def _walk(folder: Path):
+def _files_under(folder: Path) -> list[tuple[str, str]]:
+    """(path, path relative to ``folder``) of every file under it, in the order pathlib sorts them
+    (by path components), with plain strings: pathlib's objects cost more than the hashing of a
+    folder of small images once its files are hashed."""
+    found = []
     for dirpath, _, names in os.walk(folder):  # followlinks=False: a link to / is not crawled
+        where = os.path.relpath(dirpath, folder)
         for name in names:
-            yield Path(dirpath) / name
+            path = os.path.join(dirpath, name)
+            if os.path.isfile(path):
+                found.append((path, name if where == "." else os.path.join(where, name)))
+    return sorted(found, key=lambda item: item[1].split(os.sep))

@@ -16,6 +16,7 @@ the file; the caller adds how to save a readable one.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 import zipfile
@@ -54,12 +55,43 @@ def mapped_member(path: Path, key: str) -> np.ndarray | None:
         fh.seek(start)
         dtype, shape, fortran = _npy_header(fh, path, key)
         offset = fh.tell()
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if offset + size > start + info.file_size:
-        raise UsageError(f"{str(path)!r}: array {key!r} is truncated (its header promises {size} bytes)")
+    size = _check_payload(path, key, dtype, shape, start + info.file_size - offset)
     if size == 0:
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def member_header(path: Path, key: str) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """(dtype, shape, Fortran order) the ``.npy`` header of the npz member ``key`` declares, compressed
+    or not, once its payload is known to fit in the entry: what to check before ``np.load`` reads a
+    member, whose own arithmetic on a forged shape warns (an int64 overflow) or fails obscurely."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{key}.npy")
+        if info.flag_bits & 0x1:
+            raise UsageError(f"{str(path)!r}: array {key!r} is encrypted")
+        with zf.open(info) as fh:
+            dtype, shape, fortran = _npy_header(fh, path, key)
+            header = fh.tell()
+    _check_payload(path, key, dtype, shape, info.file_size - header)
+    return dtype, shape, fortran
+
+
+def _check_payload(path: Path, key: str, dtype: np.dtype, shape: tuple[int, ...], available: int) -> int:
+    """The bytes a header's ``shape`` promises, in Python integers (no int64 to overflow), refused in
+    one line when a dimension is negative or they do not fit in the ``available`` bytes."""
+    if any(s < 0 for s in shape):
+        raise UsageError(f"{str(path)!r}: array {key!r} has a .npy header with a negative dimension (shape {shape})")
+    size = math.prod(shape) * dtype.itemsize
+    if size > available:
+        promised = f"{size} bytes" if size < 10**30 else f"about 10^{len(str(size)) - 1} bytes"
+        raise UsageError(f"{str(path)!r}: array {key!r} is truncated or damaged (its .npy header promises shape "
+                         f"{_short(shape)}, {promised}; the file holds {max(available, 0)})")
+    return size
+
+
+def _short(shape: tuple[int, ...]) -> str:
+    text = str(shape)
+    return text if len(text) <= 80 else text[:77] + "...)"
 
 
 def _check_crc(fh, path: Path, key: str, start: int, info: zipfile.ZipInfo) -> None:

@@ -260,8 +260,8 @@ def test_python_api_keeps_x_as_a_float_tensor(tmp_path, images):
 def test_fitted_detectors_say_how_large_their_state_is(tmp_path):
     rng = np.random.default_rng(4)
     train = rng.integers(0, 256, (30, 8, 8, 3), dtype=np.uint8)
-    np.savez(tmp_path / "id.npz", x_train=train, y_train=np.arange(30) % 3,
-             x_test=train[:12], y_test=np.arange(12) % 3)
+    np.savez(tmp_path / "id.npz", x_train=train, y_train=np.arange(30) % 3,  # test images: none of train's
+             x_test=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8), y_test=np.arange(12) % 3)
     torch.manual_seed(0)
     model = create_model("cnn:width=4", 3, (3, 8, 8))
     result = jemeval.evaluate_ood(model, "uniform", id=f"npz:{tmp_path / 'id.npz'}", scores=["knn:k=3", "maxprob"],

@@ -11,7 +11,10 @@ exists, and every command says so when none does:
 * ``folder:DIR``: ``DIR/train/`` and ``DIR/test/`` (optional ``DIR/val/``) holding the same class
   folders are the splits; a folder of class folders is one split; a flat folder of images (no
   sub-folders) is an unlabelled set (y = -1), resized to the model's input shape when one is offered
-  (an OOD set). ``size=S`` resizes (shorter side) and centre-crops every image to S x S.
+  (an OOD set). ``size=S`` resizes (shorter side) and centre-crops every image to S x S. Which
+  entries are read (regular files; links to files inside their folder, once; never a FIFO or a link
+  to a folder): :mod:`jemeval.builtins.image_files`. Images of another size than the first are
+  refused in one line naming the file, labelled or not (:class:`ImageFiles`).
 
 Both factories are marked ``takes_path``: :func:`jemeval.data.absolute_spec` makes their variant an
 absolute path before a checkpoint records it. Anything malformed is refused in one line naming the
@@ -26,13 +29,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from jemeval.data import RANGE_TOLERANCE, check_labels
+from jemeval.builtins.image_files import IMAGE_SUFFIXES, Listing, list_images, skipped_note
+from jemeval.data import RANGE_TOLERANCE, check_labels, check_largest_label
 from jemeval.errors import DatasetNotFoundError, UsageError
-from jemeval.stored_images import StoredImages, image_problems, mapped_member
+from jemeval.stored_images import StoredImages, image_problems, mapped_member, member_header
 
 #: the split names a folder or an npz may hold, in the order they are listed
 SPLIT_NAMES = ("train", "val", "test")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 def _to_unit_range():
@@ -85,7 +88,7 @@ def npz(split, root, download, *, variant: str | None = None, path: str | None =
     p = Path(path).expanduser()
     if not p.exists():
         raise DatasetNotFoundError(f"npz file {str(p)!r} does not exist")
-    x, y, splits, k, storage = _read_npz(p, split)
+    x, y, splits, k, storage, key = _read_npz(p, split)
     if x.ndim == 3:
         x = x[:, None]
     if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
@@ -93,7 +96,7 @@ def npz(split, root, download, *, variant: str | None = None, path: str | None =
     labels = None if y is None else torch.from_numpy(
         y.astype(np.float64 if np.issubdtype(y.dtype, np.floating) else np.int64))
     _check_stored(x, labels, str(p))
-    ds = StoredImages(x, labels, name="npz", info={"path": str(p), "split": split if splits else None},
+    ds = StoredImages(x, labels, name="npz", info={"path": str(p), "split": split if splits else None, "array": key},
                       storage=storage)
     ds.num_classes = k
     ds.splits = splits
@@ -135,8 +138,8 @@ def _npz_layout(p: Path, files: list[str], split: str) -> tuple[str, str | None,
     return f"x_{split}", (f"y_{split}" if f"y_{split}" in files else None), splits, label_keys
 
 
-def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...], int | None, str]:
-    """(images, labels or None, the file's splits, number of classes, how the images are held) of
+def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...], int | None, str, str]:
+    """(images, labels or None, the file's splits, number of classes, how the images are held, their array) of
     ``split``, numeric and non-empty; one line for every way it is not (pickles and object arrays stay refused:
     ``allow_pickle=False``). The number of classes counts the labels of every split, so a test split
     that lacks a class still has the training split's classes."""
@@ -159,9 +162,12 @@ def _read_npz(p: Path, split: str) -> tuple[np.ndarray, np.ndarray | None, tuple
     for key in label_keys:
         if not (np.issubdtype(arrays[key].dtype, np.integer) or np.issubdtype(arrays[key].dtype, np.floating)):
             raise UsageError(f"{str(p)!r}: labels {key!r} must be integers, got dtype {arrays[key].dtype}")
-    top = max((int(np.nanmax(arrays[k])) for k in label_keys if arrays[k].size and np.isfinite(arrays[k]).all()),
-              default=-1)
-    return x, y, splits, (top + 1 if y is not None and top >= 0 else None), storage
+    tops = {k: int(np.nanmax(arrays[k])) for k in label_keys if arrays[k].size and np.isfinite(arrays[k]).all()}
+    top = max(tops.values(), default=-1)
+    if top >= 0:  # before anything is sized by it: the model's output layer has top + 1 classes
+        key = max(tops, key=tops.get)
+        check_largest_label(top, str(p), f" (in {key!r}, index {int(np.nanargmax(arrays[key]))})")
+    return x, y, splits, (top + 1 if y is not None and top >= 0 else None), storage, key_x
 
 
 def _npz_images(f, p: Path, key: str) -> tuple[np.ndarray, str]:
@@ -181,7 +187,10 @@ def _npz_images(f, p: Path, key: str) -> tuple[np.ndarray, str]:
 
 def _npz_array(f, p: Path, key: str) -> np.ndarray:
     try:
+        member_header(p, key)  # a header whose shape does not fit the entry is refused before numpy reads it
         return f[key]
+    except UsageError as exc:  # a UsageError is a ValueError: caught first
+        raise UsageError(f"{exc}; {_NPZ_HOW}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         what = "an object array (jemeval loads numeric arrays only)" if "allow_pickle" in str(exc) else \
             f"unreadable ({_first_line(exc)})"
@@ -189,7 +198,7 @@ def _npz_array(f, p: Path, key: str) -> np.ndarray:
 
 
 # -- image folders -------------------------------------------------------------------------------
-def folder(split, root, download, *, variant: str | None = None, path: str | None = None, size: int | None = None,
+def folder(split, root, download, *, variant: str | None = None, path: str | None = None, size=None,
            input_shape=None):
     """An image folder: train/ and test/ (optional val/) of class folders, class folders (one split), or flat images."""
     path = variant or path
@@ -198,6 +207,7 @@ def folder(split, root, download, *, variant: str | None = None, path: str | Non
     p = Path(path).expanduser()
     if not p.is_dir():
         raise DatasetNotFoundError(f"image folder {str(p)!r} does not exist")
+    size = _checked_size(size, p)
     extra = (_sized(size),) if size else ()
     subfolders = sorted(d.name for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
     splits = tuple(s for s in SPLIT_NAMES if s in subfolders)
@@ -209,12 +219,22 @@ def folder(split, root, download, *, variant: str | None = None, path: str | Non
     else:
         ds, layout = _flat_folder(p, size, input_shape), "flat"
     ds.splits = splits
-    ds.info = {"path": str(p), "size": size, "layout": layout, "split": split if splits else None}
+    ds.info = {"path": str(p), "size": size, "layout": layout, "split": split if splits else None, **ds.info}
     ds.name = "folder"
     return ds
 
 
 folder.takes_path = True
+
+
+def _checked_size(size, p: Path) -> int | None:
+    """``size=S``: a whole number of pixels >= 1 (None: not given)."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or size != int(size) or size < 1:
+        raise UsageError(f"folder:{p}: size must be a whole number of pixels >= 1 (size=32 resizes and centre-crops "
+                         f"every image to 32 x 32), got size={size!r}")
+    return int(size)
 
 
 def _sized(size: int):
@@ -241,27 +261,36 @@ def _check_split_folders(p: Path, splits: tuple[str, ...], subfolders: list[str]
                          f"add {split}/ with the same class folders, or ask for one of {', '.join(splits)}")
 
 
-def _class_folders(p: Path, extra) -> Dataset:
-    """torchvision's ImageFolder over ``p`` (one sub-folder per class), with one-line errors."""
-    from torchvision import datasets
-
-    try:
-        ds = datasets.ImageFolder(str(p), transform=_tv_transform(extra), loader=_read_image)
-    except FileNotFoundError as exc:  # torchvision's words for an empty folder or one without images
-        if "class folder" in str(exc):
-            raise UsageError(f"image folder {str(p)!r} has no class sub-folders: put each class's images in a folder "
-                             f"of its own ({str(p / 'cat' / '1.png')!r}, {str(p / 'dog' / '2.png')!r})") from None
-        raise UsageError(f"image folder {str(p)!r}: {_first_line(exc)}") from None
-    ds.num_classes = len(ds.classes)
-    ds.input_shape = tuple(ds[0][0].shape) if len(ds) else None
+def _class_folders(p: Path, extra) -> ImageFiles:
+    """The images of ``p``'s class folders (torchvision's class order: sorted folder names), labelled by
+    folder, read as :func:`~jemeval.builtins.image_files.list_images` lists them."""
+    classes = sorted(d.name for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
+    if not classes:
+        raise UsageError(f"image folder {str(p)!r} has no class sub-folders: put each class's images in a folder "
+                         f"of its own ({str(p / 'cat' / '1.png')!r}, {str(p / 'dog' / '2.png')!r})")
+    listing, labels = Listing(), []
+    for label, name in enumerate(classes):
+        found = list_images(p / name, recursive=True)
+        listing.extend(found)
+        labels += [label] * len(found.files)
+    present = set(labels)
+    empty = [name for label, name in enumerate(classes) if label not in present]
+    if empty:
+        raise UsageError(f"image folder {str(p)!r}: Found no valid file for the classes {', '.join(empty[:5])} (image "
+                         f"files are {', '.join(IMAGE_SUFFIXES)}); put images in them or remove them")
+    transform = _tv_transform(extra)
+    shape = tuple(transform(_read_image(str(listing.files[0]))).shape)
+    ds = ImageFiles(listing.files, transform, name="folder", input_shape=shape, info={}, labels=labels,
+                    classes=classes)
+    ds.notes = [note] if (note := skipped_note(listing, f"image folder {str(p)!r}")) else []
     return ds
 
 
 def _flat_folder(p: Path, size: int | None, input_shape) -> ImageFiles:
     """Every image file in ``p`` (no sub-folders), unlabelled: resized to ``size``, else to the model's
     ``input_shape`` when the caller offers one (an OOD set), else as they are."""
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
+    listing = list_images(p, recursive=False)
+    if not listing.files:
         raise UsageError(f"image folder {str(p)!r} holds no images and has no class sub-folders: put images in it "
                          f"(an unlabelled set), a folder per class ({str(p / 'cat' / '1.png')!r}), or train/ and "
                          "test/ folders of class folders (docs/data.md)")
@@ -272,16 +301,26 @@ def _flat_folder(p: Path, size: int | None, input_shape) -> ImageFiles:
     else:
         extra = ()
     transform = _tv_transform(extra)
-    shape = tuple(transform(_read_image(str(files[0]))).shape)
-    return ImageFiles(files, transform, name="folder", input_shape=shape, info={})
+    shape = tuple(transform(_read_image(str(listing.files[0]))).shape)
+    ds = ImageFiles(listing.files, transform, name="folder", input_shape=shape, info={})
+    ds.notes = [note] if (note := skipped_note(listing, f"image folder {str(p)!r}")) else []
+    return ds
 
 
 class ImageFiles(Dataset):
-    """Image files as an unlabelled dataset (y = -1), read one by one in the given order."""
+    """Image files read one by one in the given order: unlabelled (y = -1), or with ``labels`` (one
+    per file, indices into ``classes``, the names of the class folders). Every image must come out of
+    the transform at ``input_shape`` (the first image's): one that does not is refused in one line
+    naming it (a batch of mixed sizes cannot be stacked)."""
 
-    def __init__(self, files: list[Path], transform, *, name: str, input_shape, info: dict):
+    def __init__(self, files: list[Path], transform, *, name: str, input_shape, info: dict,
+                 labels: list[int] | None = None, classes: list[str] | None = None):
         self.files, self.transform = files, transform
-        self.name, self.input_shape, self.info, self.num_classes = name, tuple(input_shape), info, None
+        self.name, self.input_shape, self.info = name, tuple(input_shape), info
+        self.targets = [-1] * len(files) if labels is None else list(labels)
+        self.classes = classes
+        self.num_classes = None if classes is None else len(classes)
+        self.notes: list[str] = []  # what the listing left out (image_files.skipped_note)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -292,7 +331,7 @@ class ImageFiles(Dataset):
             raise UsageError(f"{str(self.files[i])!r} gives an image of shape {tuple(x.shape)}, the folder's first "
                              f"{self.input_shape}; give every image one size, or resize them all with size=S "
                              "(folder:DIR,size=32)")
-        return x, -1
+        return x, self.targets[i]
 
 
 def _read_image(path: str):

@@ -25,6 +25,7 @@ from torch.utils.data import ConcatDataset
 
 from jemeval.builtins.datasets import _check_split, _torchvision
 from jemeval.builtins.file_datasets import IMAGE_SUFFIXES, ImageFiles, _read_image, _resize_to, _tv_transform
+from jemeval.builtins.image_files import Listing, list_images, skipped_note
 from jemeval.data import ArrayDataset, load_dataset, to_arrays
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.hookspecs import hookimpl
@@ -88,7 +89,8 @@ def _file_set(name: str, root, input_shape, tv_class: str | None = None) -> Imag
     """Every image file under DATA_ROOT/NAME (any sub-folders), unlabelled. ``tv_class``: the torchvision
     class that could fetch the set instead, named in the one-line refusal with ``download=True``."""
     folder = Path(root) / name
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+    listing = list_images(folder, recursive=True) if folder.is_dir() else Listing()  # regular files, links inside
+    files = listing.files
     if not files:
         what = "has no image files" if folder.is_dir() else "does not exist"
         fetch = (f", nor is torchvision's {tv_class} under {str(root)!r}; run again with download=True to fetch it "
@@ -96,8 +98,10 @@ def _file_set(name: str, root, input_shape, tv_class: str | None = None) -> Imag
         raise DatasetNotFoundError(f"dataset {name!r}: folder {str(folder)!r} {what}{fetch} put {FILE_SETS[name]} "
                                    "there (data_root sets the parent folder), or name any image folder as folder:PATH")
     shape = tuple(int(s) for s in input_shape) if input_shape is not None else (3, 32, 32)
-    return ImageFiles(files, _tv_transform(_resize_to(shape)), name=name, input_shape=shape,
-                      info={"path": str(folder), "files": len(files), "input_shape": list(shape)})
+    ds = ImageFiles(files, _tv_transform(_resize_to(shape)), name=name, input_shape=shape,
+                    info={"path": str(folder), "files": len(files), "input_shape": list(shape)})
+    ds.notes = [note] if (note := skipped_note(listing, f"dataset {name!r}: folder {str(folder)!r}")) else []
+    return ds
 
 
 def _unlabelled(_target) -> int:

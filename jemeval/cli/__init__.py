@@ -9,6 +9,7 @@ cannot break it. User mistakes raised as :class:`~jemeval.errors.JemevalError` b
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ import click
 
 from jemeval import __version__
 from jemeval.atomic import space_problem
-from jemeval.errors import JemevalError, UsageError, did_you_mean
+from jemeval.errors import JemevalError, JemevalWarning, UsageError, did_you_mean
 from jemeval.plugins import get_plugin_manager
 
 DEBUG_ENV = "JEMEVAL_DEBUG"
@@ -87,7 +88,8 @@ class JemevalGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with one_line_warnings():
+                return super().invoke(ctx)
         except UsageError as exc:
             raise click.UsageError(flag_message(exc, self._invoked(ctx))) from None
         except JemevalError as exc:
@@ -110,6 +112,27 @@ class JemevalGroup(click.Group):
                 f"unexpected {type(exc).__name__}: {message} (a bug in jemeval or a plugin; "
                 f"set {DEBUG_ENV}=1 for the traceback)"
             ) from None
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """jemeval's own warnings (:class:`~jemeval.errors.JemevalWarning`, e.g. test images that are also
+    training images) as one ``warning: ...`` line on stderr each time they are raised (rank 0 of a
+    launch alone); other warnings as Python shows them."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", JemevalWarning)
+        python_shows = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, JemevalWarning):
+                return python_shows(message, category, filename, lineno, file, line)
+            if not _quiet_worker():
+                click.echo(f"warning: {message}", err=True)
+
+        warnings.showwarning = show
+        yield
 
 
 #: the widest terminal help is laid out for (``max_content_width`` of every context); the text is 2

@@ -35,6 +35,7 @@ from jemeval.evaluation.inputs import (
 from jemeval.evaluation.metrics import nll as nll_metric
 from jemeval.results import Result
 from jemeval.runtime.shards import batch_seed
+from jemeval.seen_images import check_evaluated
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma", "step_size": "sgld_step_size", "noise": "sgld_noise"})
@@ -72,6 +73,7 @@ def evaluate(
     ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
     ds = subsample(ds, n, context.seed)
     check_input_shape(model, ds, data)
+    notes, seen = check_evaluated(model, data, split, ds, context=context)
 
     records: list[dict[str, Any]] = []
     per_input: list[dict[str, Any]] = []  # per K, which inputs are classified correctly (paired tests)
@@ -91,8 +93,8 @@ def evaluate(
         "data": data, "split": split, "n": n, "sigma": float(input_sigma),
         "noise_seed": int(context.seed) if input_sigma > 0 else None, "seed": int(context.seed),
         "batch_size": context.batch(DEFAULT_BATCH_SIZE), "refine_steps": steps_list,
-        "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None),
-    }), extra={"per_input": per_input}, notes=[note] if note else [])
+        "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None), **seen,
+    }), extra={"per_input": per_input}, notes=([note] if note else []) + notes)
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:

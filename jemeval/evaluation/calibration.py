@@ -56,6 +56,7 @@ from jemeval.evaluation.metrics import (
 )
 from jemeval.registry import call_with_supported
 from jemeval.results import Result
+from jemeval.seen_images import check_evaluated
 
 SUMMARY_FIRST = ("calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n")
 DEFAULT_VAL_SIZE = 5000  # the JEM release's validation split size (capped at 20% of the train split)
@@ -229,6 +230,8 @@ def calibrate(
         val_ds, val_info, fit_notes, ds = validation_subset(model, data=data, val_size=val_size, split=split,
                                                             evaluated=ds, context=context)
     ds = subsample(ds, n, context.seed)
+    seen_notes, seen = check_evaluated(model, data, split, ds, context=context)
+    notes += seen_notes
     out = run_batches(model, ds, sigma=input_sigma, context=context, desc=f"calibrate {data}")
     raw = calibration_record(softmax64(out.logits), out.labels, bins, metrics, bins_strategy)
     records = [{"calibration": "none", "temperature": 1.0, **raw}]
@@ -240,7 +243,7 @@ def calibrate(
                                 "batch_size": out.settings["batch_size"],
                                 "temperature_scaling": bool(temperature_scaling),
                                 "metrics": names,
-                                "dataset_info": getattr(ds, "info", None)}
+                                "dataset_info": getattr(ds, "info", None), **seen}
     if temperature_scaling:
         val = run_batches(model, val_ds, sigma=input_sigma, context=context, seed=context.seed + 1, desc="validation")
         record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data,

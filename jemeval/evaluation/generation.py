@@ -318,7 +318,7 @@ def check_sample_args(init: str, n: int, top_confident: float | None) -> None:
 def samples_result(model: EnergyModel, parts: dict[str, torch.Tensor], trace: torch.Tensor, settings: dict[str, Any],
                    classes: list[int] | None, context: RunContext) -> SamplesResult:
     """The Result of ``sample``: records per class, settings and trace, the Samples themselves."""
-    prov = stamp("sample", model, context, settings)
+    prov = stamp("sample", model, context, settings, data=[(settings.get("init_details") or {}).get("dataset")])
     samples = Samples(x=parts["x"], target=parts["target"], log_p=parts["log_p"], log_px=parts["log_px"],
                       predicted=parts["predicted"], confidence=parts["confidence"], log_p_trace=trace,
                       settings=settings, provenance=prov)

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from jemeval.context import RunContext
-from jemeval.data import input_shape_of, names_no_path
+from jemeval.data import data_hashes, input_shape_of, names_no_path
 from jemeval.errors import UsageError
 from jemeval.formats.load import load_model
 from jemeval.provenance import provenance
@@ -35,10 +35,14 @@ def prepare_model(model, device: str | torch.device | None = None):
     return model.eval()
 
 
-def stamp(command: str, model, context: RunContext, settings: dict[str, Any]) -> dict[str, Any]:
+def stamp(command: str, model, context: RunContext, settings: dict[str, Any],
+          data: Sequence[str] | None = None) -> dict[str, Any]:
     """The provenance of an entry point's Result: the command, the model (checkpoint path and hash),
-    the device it ran on, the run's seed and the ``settings`` that define the numbers."""
-    return provenance(command=command, model=model, device=model.device, seed=context.seed, settings=settings)
+    the device it ran on, the run's seed, the ``settings`` that define the numbers and the SHA-256 of
+    the files of the datasets read (``data``: their specs; default: ``settings["data"]``)."""
+    read = [settings.get("data")] if data is None else data
+    return provenance(command=command, model=model, device=model.device, seed=context.seed, settings=settings,
+                      data=data_hashes(read))
 
 
 # -- argument checks shared by the evaluation functions ------------------------------------------------

@@ -160,7 +160,7 @@ def run_provenance(parts: Parts, position: RunPosition, **training: Any) -> dict
     """The checkpoint's provenance; ``training`` says where the run stood, with ``elapsed`` (training
     seconds over every session so far, unless ``training`` gives its own): the report's training cost."""
     record = provenance(command="train", device=parts.device, seed=parts.config.seed,
-                        settings=config_record(parts, position))
+                        settings=config_record(parts, position), data=parts.data.info.get("data_sha256"))
     record["training"] = {"epoch": position.epoch, "step": position.step, "elapsed": position.elapsed, **training}
     return record
 

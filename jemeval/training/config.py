@@ -39,7 +39,7 @@ OPTIMIZERS = ("adam", "sgd")
 #: Settings a resume may change: they do not alter what the run computes up to its last epoch.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
                                "max_val_drop", "resume", "overwrite", "compile", "test_eval", "grid_every",
-                               "config_file", "log_to", "log_every"})
+                               "config_file", "log_to", "log_every", "workers"})
 
 RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
                        "them, not both")
@@ -91,6 +91,7 @@ class TrainConfig:
     split_seed: int = 1234  # fixed: the validation split and the labelled subset do not move with seed
     data_root: str | None = None
     download: bool = False
+    workers: int = 0  # DataLoader processes decoding an image folder (the same images as 0: changes no number)
     # optimisation
     batch_size: int = 64
     lr: float = 1e-4
@@ -230,6 +231,8 @@ class TrainConfig:
             ("check_every", self.check_every >= 1, "be >= 1"),
             ("max_val_drop", 0.0 < self.max_val_drop <= 1.0, "lie in (0, 1] (1 turns the check off)"),
             ("grid_every", self.grid_every >= 0, "be >= 0"),
+            ("workers", isinstance(self.workers, int) and not isinstance(self.workers, bool) and self.workers >= 0,
+             "be a whole number >= 0"),
             ("log_every", self.log_every >= 1, "be >= 1"),
         ):
             value = getattr(self, param)

@@ -28,17 +28,20 @@ import numpy as np
 import torch
 
 from jemeval.data import (
+    data_hashes,
     declared_splits,
     default_val_size,
     input_shape_of,
     load_dataset,
     num_classes_of,
     split_indices,
+    take,
     to_arrays,
 )
-from jemeval.errors import UsageError
+from jemeval.errors import JemevalError, UsageError
 from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
+from jemeval.seen_images import all_seen, dataset_notes, overlap, some_seen
 
 if TYPE_CHECKING:
     from jemeval.training.checkpointing import RunPosition
@@ -84,21 +87,25 @@ def labelled_subset(labels: np.ndarray, per_class: int, num_classes: int, seed: 
 
 
 def prepare_data(config, device: torch.device) -> TrainingData:
-    """Load the training split, carve out the validation split and the labelled subset."""
+    """Load the training split, carve out the validation split and the labelled subset (after the
+    checks of :func:`check_other_splits`, before any image is decoded)."""
     ds = load_dataset(config.dataset, "train", root=config.data_root, download=config.download)
-    x, y = to_arrays(ds)
+    own_val = "val" in (declared_splits(ds) or ())  # the dataset's own validation images
+    if not own_val:
+        val_size = default_val_size(len(ds)) if config.val_size is None else int(config.val_size)
+        tr, va = split_indices(len(ds), val_size, config.split_seed)
+    info = {**dict(getattr(ds, "info", {}) or {}), **check_other_splits(config, ds, None if own_val else (tr, va))}
+    x, y = to_arrays(ds, config.workers)
     if len(x) == 0:
         raise UsageError(f"dataset {config.dataset!r} has no training images")
     if (y < 0).all():
         raise UsageError(f"dataset {config.dataset!r} has no labels; jemeval train needs labelled images")
     num_classes = num_classes_of(ds)
-    info = dict(getattr(ds, "info", {}) or {})
-    if "val" in (declared_splits(ds) or ()):  # the dataset's own validation images
-        x_val, y_val = to_arrays(load_dataset(config.dataset, "val", root=config.data_root, download=config.download))
+    if own_val:
+        x_val, y_val = to_arrays(load_dataset(config.dataset, "val", root=config.data_root, download=config.download),
+                                 config.workers)
         tr, info["val_split"] = np.arange(len(x)), "val"
     else:
-        val_size = default_val_size(len(x)) if config.val_size is None else int(config.val_size)
-        tr, va = split_indices(len(x), val_size, config.split_seed)
         x_val, y_val = x[torch.from_numpy(va)], y[torch.from_numpy(va)]
     labels = y.numpy()[tr]
     labelled = None
@@ -116,6 +123,40 @@ def prepare_data(config, device: torch.device) -> TrainingData:
         x_val=x_val.to(data_device), y_val=y_val.to(data_device),
         num_classes=num_classes, input_shape=tuple(input_shape_of(ds)), info=info,
     )
+
+
+def check_other_splits(config, ds, carved: tuple[np.ndarray, np.ndarray] | None) -> dict:
+    """Refuse, before training starts, a dataset whose other splits the trained model could not be
+    scored on: images of another shape than the train split's (its test accuracy would be on images
+    the model does not take, which eval refuses), or a validation or test split all of whose images
+    are training images (:mod:`jemeval.seen_images`). Some such images: ``notes`` (said on stderr),
+    and ``test_seen`` for the test accuracy's note. ``carved``: the (train, val) rows of a validation
+    split held out of train, whose images should not be training images either. Also the SHA-256 of
+    the dataset's files, for the provenance."""
+    shape, notes, found = tuple(input_shape_of(ds)), dataset_notes(ds), {}
+    for split in [s for s in declared_splits(ds) or () if s != "train"]:
+        try:
+            other = load_dataset(config.dataset, split, root=config.data_root, download=config.download)
+        except JemevalError:
+            continue  # no test split to score on: the run's summary says so at the end
+        if len(other) and tuple(input_shape_of(other)) != shape:
+            raise UsageError(f"dataset {config.dataset!r}: its {split} split holds images of shape "
+                             f"{tuple(input_shape_of(other))} but its train split {shape}; a model trained on the "
+                             f"train split does not take them (eval refuses them): give every split images of one "
+                             f"shape (folder:DIR,size=S resizes them all)")
+        found[split] = overlap(other, lambda: ds)
+    if carved is not None and len(carved[1]):
+        found["held-out validation"] = overlap(take(ds, carved[1]), lambda: take(ds, carved[0]))
+    out: dict = {"data_sha256": data_hashes([config.dataset])}
+    for split, seen in found.items():
+        what = f"{split} images of {config.dataset}"
+        if seen is not None and seen.total and split != "held-out validation":
+            raise UsageError(all_seen(seen, what, "its train split", split, on_purpose=False))
+        if seen is not None and seen.count:
+            notes.append(some_seen(seen, what, "its train split" if split != "held-out validation" else
+                                   "the rest of its train split, which the model trains on"))
+            out["test_seen" if split == "test" else f"{split}_seen"] = notes[-1]
+    return {**out, "notes": notes}
 
 
 # -- which images each iteration trains on ----------------------------------------------------------

@@ -88,8 +88,9 @@ def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | No
         test = load_dataset(config.dataset, "test", root=config.data_root, download=config.download)
     except JemevalError as exc:
         return None, f"no test accuracy: {exc}"
-    x, y = to_arrays(test)
+    x, y = to_arrays(test, config.workers)
     load_weights(parts.model, best)
-    note = no_test_split_note(config.dataset, test)  # the rule eval, calibrate and ood apply too
+    notes = [no_test_split_note(config.dataset, test), parts.data.info.get("test_seen")]  # as eval, calibrate, ood
+    note = "; ".join(n for n in notes if n) or None
     return accuracy_on_arrays(parts.model, x, y, batch_size=config.eval_batch_size, sigma=config.eval_sigma,
                               seed=config.seed), note

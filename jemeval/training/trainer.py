@@ -249,9 +249,9 @@ class Trainer:
         self.train_step = make_step(parts, self.position.adjustments)
         per_epoch = ddp.batch_plan(len(parts.data.x), config.batch_size, parts.ctx.world_size)[0]
         warning = schedule_warning(config, per_epoch)
-        self.notes = [warning] if warning else []
-        if warning:
-            self.report.note(warning)
+        self.notes = [*parts.data.info.get("notes", ()), *([warning] if warning else [])]
+        for note in self.notes:  # the data's (images in two splits, entries not read), the schedule's
+            self.report.note(note)
 
     def _train(self) -> str:
         """Epochs until ``epochs`` are done ("completed"), or until a stop ("interrupted")."""

@@ -120,6 +120,9 @@ from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
               "[default: 10].")
 @click.option("--no-progress", is_flag=True, help="No progress bar and no per-epoch lines on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
+@click.option("--workers", type=click.IntRange(min=0), help="Processes decoding a dataset read image by image "
+              "(folder:, torchvision sets) as training reads it (the training split once, the test split at the end): "
+              "the same images, hence the same run, as 0 [default: 0].")
 @data_options
 @click.pass_context
 def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs, nproc, **params):

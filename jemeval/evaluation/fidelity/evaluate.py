@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 from jemeval.artifacts import Samples, load_samples
 from jemeval.caches.reference_features import ReferenceCache
 from jemeval.context import CachePolicy, RunContext, takes_context
-from jemeval.data import load_dataset, subsample, to_arrays
+from jemeval.data import data_hashes, load_dataset, subsample, to_arrays
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.batching import check_finite_outputs
@@ -287,7 +287,8 @@ def fidelity(
     if cache is not None:
         settings["ref_cache"] = cache.describe()
     notes += cache_notes + (cache.notes if cache is not None else [])
-    return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings),
+    return Result(records, provenance=provenance(command="fidelity", device=device, seed=seed, settings=settings,
+                                                 data=data_hashes([(ref_info or {}).get("dataset")])),
                   extra={"settings": settings}, notes=notes)
 
 

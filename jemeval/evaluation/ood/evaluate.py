@@ -47,6 +47,7 @@ from jemeval.evaluation.ood.tune import check_tune_set, tune_scores
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.registry import split_specs
 from jemeval.results import Result
+from jemeval.seen_images import check_ood_set
 
 __all__ = ["DEFAULT_SCORES", "METRIC_NOTE", "OODScores", "compute_ood_scores", "evaluate_ood", "group_records",
            "ood_records"]
@@ -95,6 +96,7 @@ def compute_ood_scores(
                                  fits=tune_on is not None or any(s.detector for s in score_fns))
     sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, context=context,
                          num_classes=getattr(id_ds, "num_classes", None))
+    seen = {label: check_ood_set(id_name, label, ds, context=context) for label, ds, _ in sets}  # before fitting
     score_fns, fitting = fit_scores(
         model, score_fns, id_name=id_name, test_sets=[label for label, _, _ in sets], fit_on=fit_on, fit_n=fit_n,
         tune_on=tune_on, split=split, n=n, input_sigma=input_sigma, context=context)
@@ -106,8 +108,9 @@ def compute_ood_scores(
         per_set[label] = out.scores
         if i == 0:  # scores that assume ReLU features: the model's fraction of feature values < 0
             signs = feature_sign_checks(score_fns, out)
+        notes, record = seen.get(label, ([], {})) if i else ([], {})
         settings_per_set[label] = {"n": len(out), "noise_seed": out.settings["noise_seed"],
-                                   "info": getattr(ds, "info", None)}
+                                   "info": getattr(ds, "info", None), **record, **({"notes": notes} if notes else {})}
     result = OODScores(id_name, [s.label for s in score_fns], per_set.pop(id_name), per_set)
     settings = {
         "id": id_name, "split": split, "ood": result.ood_names, "scores": result.score_names, "n": n,
@@ -281,9 +284,12 @@ def evaluate_ood(
     settings.update({"metrics": [k for k in records[0] if k not in ("score", "id", "ood", "n_id", "n_ood")
                                  and not k.endswith(("_lo", "_hi"))],
                      "bootstrap": int(bootstrap), "level": float(level) if bootstrap else None})
-    return Result(group_records(records, settings["groups"]), stamp("ood", model, context, settings),
+    read = [settings["id"], *settings["ood"], (settings.get("fit_data") or {}).get("data")]
+    return Result(group_records(records, settings["groups"]), stamp("ood", model, context, settings, data=read),
                   extra={"scores": ood_scores},
-                  notes=[METRIC_NOTE, *settings["id_data"]["notes"], *tuning_notes(settings.get("tuning")),
+                  notes=[METRIC_NOTE, *settings["id_data"]["notes"],
+                         *(note for s in settings["sets"].values() for note in s.get("notes", ())),
+                         *tuning_notes(settings.get("tuning")),
                          *feature_sign_notes(settings.get("feature_signs"))])
 
 

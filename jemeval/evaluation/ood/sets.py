@@ -30,6 +30,7 @@ from jemeval.data import absolute_spec, has_test_split, holdout_parts, load_data
 from jemeval.errors import UsageError
 from jemeval.evaluation.inputs import check_input_shape
 from jemeval.registry import Spec, parse_spec
+from jemeval.seen_images import check_evaluated
 
 _CIFAR_FAR = ["mnist", "svhn", "textures", "places365"]
 #: ID dataset name -> group -> OOD set specs (interp, rotate: of the ID set, see expand_ood_name)
@@ -156,4 +157,7 @@ def load_id_set(model, id_name: str, *, split: str, n: int | None, fits: bool, f
                              f"fitted on a seeded {len(fitted)} of its {len(ds)} images, and the other {len(rest)} are "
                              "evaluated as in-distribution")
         ds = take(ds, rest)
-    return subsample(ds, n, seed), info
+    ds = subsample(ds, n, seed)
+    seen_notes, seen = check_evaluated(model, id_name, split, ds, context=context)
+    info["notes"] += seen_notes
+    return ds, {**info, **seen}

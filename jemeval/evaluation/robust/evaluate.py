@@ -47,6 +47,7 @@ from jemeval.registry import call_with_supported, check_options, parse_spec
 from jemeval.results import Result
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.refinement import EOT_MODES, GRAD_MODES, sampler_note
+from jemeval.seen_images import check_evaluated
 
 __all__ = ["DEFAULT_EPSILONS", "MAX_EPSILON", "distortion_curve", "make_attack", "robust", "sanity_checks"]
 
@@ -142,9 +143,10 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
     """The seeded test subset on the model's device, and the epsilons (defaults: the norm's list,
     without sizes the input cannot hold, e.g. large L2 on tiny images)."""
     full = load_dataset(data, "test", root=context.data_root, download=context.download, input_shape=model.input_shape)
-    note = no_test_split_note(data, full)
     ds = subsample(full, n, seed=context.seed)
     check_input_shape(model, ds, data)
+    notes = [note] if (note := no_test_split_note(data, full)) else []
+    notes += check_evaluated(model, data, "test", ds, context=context)[0]  # and the images it has seen
     x, y = (t.to(model.device) for t in to_arrays(ds))
     if bool((y < 0).any()):
         raise UsageError(f"robust accuracy needs labelled data, and {data!r} is unlabelled; use a labelled test set "
@@ -153,7 +155,7 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
         limit = epsilon_limit(norm, input_shape_of(ds))
         epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
     return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm,
-                   context.batch(DEFAULT_BATCH_SIZE), notes=[note] if note else [])
+                   context.batch(DEFAULT_BATCH_SIZE), notes=notes)
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
