@@ -48,10 +48,9 @@ FORMAT = "jemeval-report-cache/2"
 LEGACY_FORMATS = ("jemeval-report-cache/1", FORMAT)
 MANIFEST = ".jemeval-report.json"
 MANIFEST_FORMAT = "jemeval-report-folder/1"
-#: the version of report.json's layout (its JSON Schema: reports/schema/report.schema.json); a report.json
-#: written before 0.3 has no "schema" key and version 1's layout; version 2 changed only "comparisons"
+#: report.json's layout (reports/schema/report.schema.json); one without "schema" (before 0.3) is version 1,
+#: and version 2 changed only "comparisons": both are read (the exports read records, runs and provenance)
 REPORT_SCHEMA = "jemeval-report/2"
-#: the versions jemeval reads (the exports read records, runs and provenance, the same in both)
 READABLE_SCHEMAS = ("jemeval-report/1", REPORT_SCHEMA)
 #: the leaderboard exports (:mod:`jemeval.reports.exports`) a report writes beside its products
 EXPORT_NAMES = re.compile(r"openood\.csv|robustbench-[A-Za-z0-9_][A-Za-z0-9._-]*\.json")
