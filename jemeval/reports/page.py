@@ -31,6 +31,7 @@ class ModelInfo:
     dataset: str | None
     group: str | None = None  # the model (seed group) this run belongs to; None: itself
     training: dict[str, Any] = field(default_factory=dict)  # the training cost its checkpoint records
+    classes: Any = None  # its ClassSpace (jemeval.evaluation.classes): checked against the data before any section
 
     @property
     def model(self) -> str:
