@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-from jemeval.data import ClassSubset, absolute_spec, dataset_labels
+from jemeval.data import ClassSubset, absolute_spec
 from jemeval.errors import JemevalError, UsageError, did_you_mean
-from jemeval.evaluation.relabel import relabelled
+from jemeval.evaluation.relabel import labels_of, relabelled
 from jemeval.registry import parse_spec
 
 #: how a class map is described in messages (the command line writes --class-map FILE)
@@ -265,7 +265,7 @@ def _given_map(class_map: Any, ours: ClassSpace, theirs: ClassSpace, ds: Dataset
                param: str) -> ClassAlignment:
     """The labels mapped as ``class_map`` says: every class present in ``ds`` mapped, once."""
     pairs, origin = read_class_map(class_map, param=param)
-    present = np.unique(dataset_labels(ds))
+    present = np.unique(labels_of(ds))
     present = present[present >= 0]
     size = max(theirs.count or 0, int(present.max()) + 1 if len(present) else 0)
     lut = np.full(size, -1, dtype=np.int64)

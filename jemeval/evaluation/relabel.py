@@ -30,12 +30,20 @@ def relabelled(ds: Dataset, lut: np.ndarray, *, num_classes: int | None, what: s
     naming ``what`` (the map) when an image of ``ds`` has such a label."""
     table = np.where(np.asarray(lut, dtype=np.int64) < 0, UNMAPPED, np.asarray(lut, dtype=np.int64))
     out = _relabel(ds, table, num_classes)
-    labels = dataset_labels(out)
+    labels = mapped(labels_of(ds), table)
     if (labels == UNMAPPED).any():
-        first = int(dataset_labels(ds)[labels == UNMAPPED][0])
+        first = int(labels_of(ds)[labels == UNMAPPED][0])
         raise UsageError(f"label {first} of the data has no model class in {what}; map every class of the data "
                          "(docs/data.md, class maps)", param="class_map")
     return out
+
+
+def labels_of(ds: Dataset) -> np.ndarray:
+    """The labels of ``ds``, read through torch's subsets (:func:`jemeval.data.dataset_labels` would
+    read a subset of an image folder image by image)."""
+    if isinstance(ds, Subset):
+        return labels_of(ds.dataset)[np.asarray(ds.indices, dtype=np.int64)]
+    return dataset_labels(ds)
 
 
 def mapped(y, table: np.ndarray) -> np.ndarray:
@@ -84,7 +92,7 @@ class _Wrapped(Dataset):
 
     def __init__(self, base: Dataset, table: np.ndarray):
         self.base, self.table = base, table
-        self.targets = mapped(dataset_labels(base), table)
+        self.targets = mapped(labels_of(base), table)
         for attr in ("input_shape", "spec", "splits", "name"):
             if hasattr(base, attr):
                 setattr(self, attr, getattr(base, attr))
