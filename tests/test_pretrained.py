@@ -464,12 +464,16 @@ def test_download_fetches_a_hub_file_into_the_cache_and_checks_it(offline, monke
             (snap / filename).resolve().write_bytes(b"changed in transit")
         return str(snap / filename)
 
+    asked = []
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
-    with pytest.raises(CheckpointError, match="fetch it once with --download"):
+    # jemeval asks the Hub once, without retries, before the download (fails fast offline): it answers
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kwargs: asked.append(url))
+    with pytest.raises(CheckpointError, match="fetch it once with download=True"):
         jemeval.load_model("hf:me/good")
     assert calls == []
     model = jemeval.load_model("hf:me/good", download=True)
     assert calls == [("me/good", "model.safetensors", None, str(offline / "hf"))]
+    assert len(asked) == 1 and asked[0].endswith("/me/good/resolve/main/model.safetensors")
     assert model.metadata["checkpoint"]["sha256"] == _sha256(offline / "e.safetensors")
     with pytest.raises(CheckpointError, match="does not have the SHA-256 its blob is named by"):
         jemeval.load_model("hf:me/bad", download=True)

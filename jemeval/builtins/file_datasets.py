@@ -99,6 +99,7 @@ def npz(split, root, download, *, variant: str | None = None, path: str | None =
     ds = StoredImages(x, labels, name="npz", info={"path": str(p), "split": split if splits else None, "array": key},
                       storage=storage)
     ds.num_classes = k
+    ds.num_classes_from = "labels"  # an npz declares no classes: k is inferred (jemeval.evaluation.classes)
     ds.splits = splits
     return ds
 

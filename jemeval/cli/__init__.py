@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -86,14 +87,18 @@ class JemevalGroup(click.Group):
         name = ctx.invoked_subcommand
         return self.get_command(ctx, name) if name else None
 
+    def _commands(self, ctx) -> list[click.Command]:
+        """Every command, for :func:`flag_message` to name those that have a flag the one run lacks."""
+        return [c for c in (self.get_command(ctx, name) for name in self.list_commands(ctx)) if c is not None]
+
     def invoke(self, ctx):
         try:
             with one_line_warnings():
                 return super().invoke(ctx)
         except UsageError as exc:
-            raise click.UsageError(flag_message(exc, self._invoked(ctx))) from None
+            raise click.UsageError(flag_message(exc, self._invoked(ctx), self._commands(ctx))) from None
         except JemevalError as exc:
-            raise click.ClickException(flag_message(exc, self._invoked(ctx))) from None
+            raise click.ClickException(flag_message(exc, self._invoked(ctx), self._commands(ctx))) from None
         except KeyboardInterrupt:  # as click.Abort at once: click would print an empty line first
             raise click.Abort() from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
@@ -175,18 +180,22 @@ def _tell_peers(message: str) -> None:
         tell_peers(message)
 
 
-def flag_message(exc: JemevalError, command: click.Command | None) -> str:
+def flag_message(exc: JemevalError, command: click.Command | None,
+                 commands: Sequence[click.Command] = ()) -> str:
     """The error's text with parameter names written as the flags that set them.
 
     The core names Python parameters (it is also called from Python); only the command line knows
     its flags: ``resume=True`` -> ``--resume``, ``nproc=4`` -> ``--nproc 4``, a bare mention of the
     parameter the error is about (``exc.param``: ``lr`` -> ``--lr``) and of any multi-word option
-    name (``sgld_steps`` -> ``--sgld-steps``). Quoted values and paths are left alone.
+    name (``sgld_steps`` -> ``--sgld-steps``). Quoted values and paths are left alone. A flag the
+    error is about that this command lacks (``download=True`` in ``jemeval export``) is named as the
+    flag of the ``commands`` that have it, the Python form beside it.
     """
     text = str(exc)
     if command is None:
         return text
     param = getattr(exc, "param", None)
+    text = _flag_elsewhere(text, param, command, commands)
     for option in command.params:
         if not isinstance(option, click.Option) or not option.name:
             continue
@@ -198,6 +207,19 @@ def flag_message(exc: JemevalError, command: click.Command | None) -> str:
         if option.name == param or "_" in option.name:
             text = re.sub(rf"(?<![\w./'\"-]){name}(?![\w./'\"=-])", lambda _, f=flag: f, text)
     return text
+
+
+def _flag_elsewhere(text: str, param: str | None, command: click.Command, commands: Sequence[click.Command]) -> str:
+    """``param=True`` where ``command`` has no such flag: the commands whose flag it is, and the Python form."""
+    if not param or f"{param}=True" not in text or any(o.name == param for o in command.params):
+        return text
+    having = sorted(c.name for c in commands if c.name and any(
+        isinstance(o, click.Option) and o.is_flag and o.name == param for o in c.params))
+    if not having:
+        return text
+    flag = "--" + param.replace("_", "-")
+    return re.sub(rf"(?<![\w.-]){re.escape(param)}=True\b",
+                  lambda _: f"{flag} of `jemeval {'|'.join(having)}` ({param}=True in Python)", text)
 
 
 def _unquoted(value: str) -> str:

@@ -6,7 +6,8 @@ role, so the files a command reads are derived from the parsed command itself, n
 list: :class:`Command` checks every output against every input before the command runs
 (:func:`check_paths`): no command may write over a file it reads (its config file included), two
 outputs may not name one file, an output has the extension it should, no output folder is created,
-and no input is a FIFO, socket or device (reading one would block or never end).
+no output is a symbolic link or lies inside a model cache (:func:`check_output_place`), and no
+input is a FIFO, socket or device (reading one would block or never end).
 """
 from __future__ import annotations
 
@@ -69,6 +70,19 @@ def input_path_option(*decls: str, what: str, **kwargs):
     return click.option(*decls, cls=PathOption, role="input", what=what, **kwargs)
 
 
+def class_map_option(fn=None, *, help: str | None = None):
+    """--class-map FILE: which model class each class of the data is, where the two differ
+    (:mod:`jemeval.evaluation.classes`); the file is an input (no output may go over it)."""
+    def deco(fn):
+        return input_path_option(
+            "--class-map", "class_map", what="the class map", metavar="FILE", default=None,
+            help=help or "Map the data's classes to the model's where they differ (number or names): a JSON object "
+                         "or a CSV of 'data class,model class', names or indices (docs/data.md, class maps). "
+                         "Without it such a pair is refused, unless the data's class names are the model's.")(fn)
+
+    return deco(fn) if fn is not None else deco
+
+
 def dataset_option(*decls: str, **kwargs):
     """An option naming datasets (a spec or a comma list); their npz:/folder: files are inputs."""
     return click.option(*decls, cls=PathOption, role="dataset", what="a dataset read", **kwargs)
@@ -96,7 +110,30 @@ def check_paths(ctx: click.Context) -> None:
         for other_label, other in done:
             if same_file(path, other):
                 raise UsageError(f"{label} {path!r} is also {other_label}; give each output its own file")
+        check_output_place(label, path)
         done.append((label, path))
+
+
+def check_output_place(label: str, path: str) -> None:
+    """Refuse an output path that is a symbolic link (the write would land wherever it points) or that
+    lies in a model cache (:func:`check_outside_model_caches`; a Hub cache file is a link too)."""
+    check_outside_model_caches(label, path)
+    if os.path.islink(path):
+        raise UsageError(f"{label} {path!r} is a symbolic link (to {os.readlink(path)!r}); jemeval never writes "
+                         "through a link: give the path of a regular file")
+
+
+def check_outside_model_caches(label: str, path: str | os.PathLike) -> None:
+    """Refuse an output file or folder inside a model cache (the Hugging Face cache, torch hub's, where
+    pytorch-ood keeps its weights too), symlinks followed: a later load would read what was written
+    there as the published weights (and a Hub cache file is a link to its blob)."""
+    from jemeval.builtins.pretrained.hubs import model_cache_dirs  # torch only when a command runs
+
+    resolved = Path(path).resolve()
+    for what, folder in model_cache_dirs():
+        if folder.resolve() == resolved or folder.resolve() in resolved.parents:
+            raise UsageError(f"{label} {path!r} is inside {what} {str(folder)!r}, where downloaded model weights "
+                             "live and are read back unchecked; choose an output path outside it")
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

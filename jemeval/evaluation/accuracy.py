@@ -23,6 +23,7 @@ from jemeval.deprecations import deprecated_keywords
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, BatchOutputs, run_batches
 from jemeval.evaluation.calibration import softmax64
+from jemeval.evaluation.classes import class_alignment
 from jemeval.evaluation.inputs import (
     check_input_shape,
     check_input_sigma,
@@ -52,6 +53,7 @@ def evaluate(
     chain_sigma: float = 0.0,
     sgld_step_size: float | None = None,
     sgld_noise: float | None = None,
+    class_map: Any = None,
     context: RunContext,
 ) -> Result:
     """Accuracy and NLL of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the
@@ -59,7 +61,8 @@ def evaluate(
 
     Refinement SGLD settings default to those recorded in the checkpoint's training config (else
     JEM's: step size 1.0, noise 0.01); ``sgld_step_size``/``sgld_noise`` override them. Every
-    setting is recorded in the provenance (``settings.refinement``, per K). ``seed``, ``device``,
+    setting is recorded in the provenance (``settings.refinement``, per K). ``class_map`` maps the
+    data's classes to the model's where they differ (:mod:`jemeval.evaluation.classes`). ``seed``, ``device``,
     ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
     :class:`~jemeval.context.RunContext`. ``extra["per_input"]``: per K, ``{"refine_steps": K, "correct":
     [bool per input]}``, the inputs in the seeded subset's order (the report's paired tests).
@@ -71,8 +74,9 @@ def evaluate(
     model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
     ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
-    ds = subsample(ds, n, context.seed)
     check_input_shape(model, ds, data)
+    classes = class_alignment(model, ds, data, class_map)
+    ds = subsample(classes.apply(ds), n, context.seed)
     notes, seen = check_evaluated(model, data, split, ds, context=context)
 
     records: list[dict[str, Any]] = []
@@ -93,8 +97,8 @@ def evaluate(
         "data": data, "split": split, "n": n, "sigma": float(input_sigma),
         "noise_seed": int(context.seed) if input_sigma > 0 else None, "seed": int(context.seed),
         "batch_size": context.batch(DEFAULT_BATCH_SIZE), "refine_steps": steps_list,
-        "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None), **seen,
-    }), extra={"per_input": per_input}, notes=([note] if note else []) + notes)
+        "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None), "class_map": classes.record,
+        **seen}), extra={"per_input": per_input}, notes=([note] if note else []) + notes)
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from jemeval.data import held_out_indices as training_held_out  # not this modul
 from jemeval.deprecations import deprecated_keywords, moved_names
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import DEFAULT_BATCH_SIZE, run_batches
+from jemeval.evaluation.classes import class_alignment
 from jemeval.evaluation.inputs import (
     check_input_shape,
     check_input_sigma,
@@ -207,16 +208,16 @@ def calibrate(
     val_size: int = DEFAULT_VAL_SIZE,
     metrics: Sequence[str] | None = None,
     bins_strategy: str = "uniform",
+    class_map: Any = None,
     context: RunContext,
 ) -> Result:
     """Calibration of ``model`` (EnergyModel or checkpoint path) on ``data`` (default: the model's
     training dataset, test split). One record (``calibration="none"``), plus a temperature-scaled
     one with ``temperature_scaling``. Each has ece, mce, rms, brier, nll (or the ``metrics``
     named, plugin metrics too), accuracy, n, bins (the reliability table, in ``bins_strategy`` bins:
-    "uniform" or "equal-mass"; recorded in the settings). ``input_sigma``: noise added to every input.
-    ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root`` and ``download``: the run's
-    :class:`~jemeval.context.RunContext`. ``extra["per_input"]``: :func:`per_input_outcomes`. Figure:
-    :func:`jemeval.plots.calibration.plot_calibration_result`."""
+    "uniform" or "equal-mass"; recorded in the settings). ``input_sigma``: noise added to every input. The
+    run's :class:`~jemeval.context.RunContext` (seed, device, ...). ``extra["per_input"]``: :func:`per_input_outcomes`.
+    Figure: :func:`jemeval.plots.calibration.plot_calibration_result`. ``class_map``: :mod:`.classes`."""
     check_min("bins", int(bins), 1)
     check_input_sigma(input_sigma)
     check_bins_strategy(bins_strategy)
@@ -225,11 +226,12 @@ def calibrate(
     data = data or training_dataset(model, param="data")
     ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
     check_input_shape(model, ds, data)
+    classes = class_alignment(model, ds, data, class_map)
     notes = [note] if (note := no_test_split_note(data, ds)) else []
     if temperature_scaling:  # the images T is fitted on never are among those evaluated
         val_ds, val_info, fit_notes, ds = validation_subset(model, data=data, val_size=val_size, split=split,
                                                             evaluated=ds, context=context)
-    ds = subsample(ds, n, context.seed)
+    ds = subsample(classes.apply(ds), n, context.seed)
     seen_notes, seen = check_evaluated(model, data, split, ds, context=context)
     notes += seen_notes
     out = run_batches(model, ds, sigma=input_sigma, context=context, desc=f"calibrate {data}")
@@ -238,14 +240,13 @@ def calibrate(
     names = [name for name, _ in select_metrics("calibration", metrics)]
     settings: dict[str, Any] = {"data": data, "split": split, "bins": int(bins), "bins_strategy": bins_strategy,
                                 "binning": {k: METRIC_BINNING[k] for k in names if k in METRIC_BINNING},
-                                "n": n, "sigma": float(input_sigma),
-                                "seed": int(context.seed), "noise_seed": out.settings["noise_seed"],
-                                "batch_size": out.settings["batch_size"],
-                                "temperature_scaling": bool(temperature_scaling),
-                                "metrics": names,
-                                "dataset_info": getattr(ds, "info", None), **seen}
+                                "n": n, "sigma": float(input_sigma), "seed": int(context.seed),
+                                "noise_seed": out.settings["noise_seed"], "batch_size": out.settings["batch_size"],
+                                "temperature_scaling": bool(temperature_scaling), "metrics": names,
+                                "dataset_info": getattr(ds, "info", None), "class_map": classes.record, **seen}
     if temperature_scaling:
-        val = run_batches(model, val_ds, sigma=input_sigma, context=context, seed=context.seed + 1, desc="validation")
+        val = run_batches(model, classes.apply(val_ds), sigma=input_sigma, context=context, seed=context.seed + 1,
+                          desc="validation")
         record, validation, more_notes = temperature_scaled(out, val, bins=bins, metrics=metrics, data=data,
                                                             strategy=bins_strategy)
         records.append(record)
@@ -278,14 +279,31 @@ def temperature_scaled(out, val, *, bins: int, metrics, data: str, strategy: str
     scaled = calibration_record(softmax64(out.logits, temperature), out.labels, bins, metrics, strategy)
     validation = {"noise_seed": val.settings["noise_seed"], "optimizer": "bounded Brent search on log T",
                   "bounds": list(TEMPERATURE_BOUNDS)}
-    notes = []
-    if temperature_at_bound(temperature) or bool((val.logits.argmax(1) == val.labels).all()):
-        notes.append(
-            f"the fitted temperature T = {temperature:.3g} sits at a bound of {list(TEMPERATURE_BOUNDS)}: the "
-            f"{len(val)} validation images are (nearly) all classified correctly, so they cannot "
-            "identify T; do not read the temperature-scaled row as calibrated"
-        )
-    return {"calibration": "temperature", "temperature": temperature, **scaled}, validation, notes
+    note = temperature_note(temperature, val.logits, val.labels)
+    return {"calibration": "temperature", "temperature": temperature, **scaled}, validation, [note] if note else []
+
+
+def temperature_note(temperature: float, logits: np.ndarray, labels: np.ndarray) -> str | None:
+    """The note on a fitted T that does not measure calibration, giving the reason that was measured:
+    how many of the validation images are classified correctly, and which way T ran. At the lower
+    bound the NLL kept falling as T shrank (every image right, or nearly); at the upper bound it kept
+    falling as the predictions flattened (the logits say little about these labels). None otherwise."""
+    n, correct = len(labels), int((np.asarray(logits).argmax(1) == np.asarray(labels)).sum())
+    lo, hi = TEMPERATURE_BOUNDS
+    measured = f"{correct} of the {n} validation images are classified correctly (accuracy {correct / max(n, 1):.3g})"
+    at_bound, lower = temperature_at_bound(temperature), temperature < (lo * hi) ** 0.5
+    if at_bound and lower:
+        why = (f"sits at the lower bound of {list(TEMPERATURE_BOUNDS)}: {measured}, so sharpening the predictions "
+               "keeps lowering their NLL and these images cannot identify T")
+    elif at_bound:
+        why = (f"sits at the upper bound of {list(TEMPERATURE_BOUNDS)}: {measured}, so flattening the predictions "
+               "towards uniform keeps lowering their NLL: the logits say little about these labels (are the "
+               "model's classes the data's?)")
+    elif correct == n:
+        why = f"was fitted on images that are all classified correctly ({measured}), which cannot identify T"
+    else:
+        return None
+    return f"the fitted temperature T = {temperature:.3g} {why}; do not read the temperature-scaled row as calibrated"
 
 
 #: 0.2's name of this module that moved beside :func:`jemeval.data.split_indices` (reading it warns)

@@ -1,5 +1,8 @@
 """``jemeval convert``: write a foreign checkpoint as a jemeval checkpoint, with its source recorded.
 
+A ``jemeval export`` safetensors file is converted too (:func:`convert_export`): any model
+``--model`` reads can be written as a ``.pt`` checkpoint (docs/interop.md).
+
 The layout is found among the registered ones (``register_checkpoint_layouts``): first those that
 recognise the path itself (``match_path``: a TensorFlow checkpoint prefix...), then those that
 recognise the file's contents (``match``). The output records the source layout and SHA-256, the
@@ -20,7 +23,10 @@ from jemeval.formats.foreign import (
     identify_path,
     unknown_layout_error,
 )
+from jemeval.formats.load import model_from_checkpoint
 from jemeval.formats.native import check_finite, is_jemeval_checkpoint, read_checkpoint, save_checkpoint
+from jemeval.formats.safetensors import FORMAT as SAFETENSORS_FORMAT
+from jemeval.formats.safetensors import is_safetensors, read_safetensors
 from jemeval.plugins import names
 from jemeval.provenance import file_sha256, provenance
 from jemeval.registry import parse_spec
@@ -96,7 +102,23 @@ def convert(path_in: str | Path, path_out: str | Path, *, dataset: str | None = 
     check_output_path(src, dst)
     if dataset is not None:
         check_dataset_name(dataset)
+    if src.is_file() and is_safetensors(src):
+        return convert_export(src, dst, dataset=dataset)
     return convert_found(find_layout(src), src, dst, dataset=dataset)
+
+
+def convert_export(src: Path, dst: Path, *, dataset: str | None = None) -> Result:
+    """A ``jemeval export`` safetensors file as a jemeval ``.pt`` checkpoint: the model its header
+    describes (read with every check of :func:`jemeval.formats.load.load_model`), its recorded
+    dataset (unless ``dataset`` is given), class names and training config (the SGLD settings) kept."""
+    obj = read_safetensors(src)
+    model = model_from_checkpoint(obj, str(src))
+    model.metadata["classes"] = obj.get("classes")
+    recorded = {k: v for k, v in (obj.get("config") or {}).items() if k not in ("source_layout", "source_file",
+                                                                                "source_sha256")}
+    return write_converted(model, str(src), dst, layout=SAFETENSORS_FORMAT, source_sha256=file_sha256(src),
+                           dataset=dataset if dataset is not None else obj.get("dataset"), config=recorded,
+                           extra={"bn_mode": (recorded.get("sgld") or {}).get("bn_mode")})
 
 
 def check_dataset_name(dataset: str) -> None:

@@ -185,8 +185,9 @@ def _build(obj: dict, options: dict, path: str) -> EnergyModel:
         return create_model(
             obj["arch"], obj["num_classes"], obj["input_shape"],
             normalization=obj.get("normalization"),
-            metadata={"dataset": obj.get("dataset"), "provenance": obj.get("provenance") or {},
-                      "config": obj.get("config") or {}, "source_format": FORMAT},
+            metadata={"dataset": obj.get("dataset"), "classes": obj.get("classes"),
+                      "provenance": obj.get("provenance") or {}, "config": obj.get("config") or {},
+                      "source_format": FORMAT},
             **options,
         )
     except UsageError as exc:  # options the factory itself refuses (a WRN depth that is not 6n + 4, ...)

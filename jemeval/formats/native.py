@@ -6,6 +6,7 @@ code::
     {"format": "jemeval-checkpoint", "format_version": 1,
      "arch": "wrn", "arch_options": {...}, "num_classes": 10, "input_shape": [3, 32, 32],
      "normalization": None | {"mean": [...], "std": [...]}, "dataset": "cifar10" | None,
+     "classes": None | ["airplane", ...] (one name per class),
      "state_dict": {...}, "replay_buffer": Tensor | None,
      "training_state": None | {optimizer, scheduler, epoch, step, rng, ...},
      "config": {...}, "provenance": {...}}
@@ -51,6 +52,7 @@ def checkpoint_dict(
         "input_shape": list(model.input_shape),
         "normalization": model.normalization,
         "dataset": dataset if dataset is not None else model.metadata.get("dataset"),
+        "classes": model.metadata.get("classes"),
         "state_dict": {k: v.detach().cpu() for k, v in model.net.state_dict().items()},
         "replay_buffer": None if replay_buffer is None else replay_buffer.detach().cpu(),
         "training_state": training_state,

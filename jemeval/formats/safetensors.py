@@ -54,12 +54,14 @@ def _require_safetensors():
 
 def safetensors_header(model: EnergyModel, *, classes: list[str] | None = None,
                        provenance: dict | None = None) -> dict[str, Any]:
-    """The ``"jemeval"`` header of ``model``: what :func:`read_safetensors` needs to rebuild it."""
+    """The ``"jemeval"`` header of ``model``: what :func:`read_safetensors` needs to rebuild it.
+    ``classes`` default to the names the model records (timm's and torchvision's ImageNet names)."""
+    meta = model.metadata or {}
+    classes = classes if classes is not None else meta.get("classes")
     if classes is not None and len(classes) != model.num_classes:
         raise UsageError(f"classes gives {len(classes)} names, one per class is needed: the model has "
                          f"{model.num_classes} outputs",
                          param="classes")
-    meta = model.metadata or {}
     return plain_data({
         "format": FORMAT, "format_version": FORMAT_VERSION, "arch": model.arch,
         "arch_options": dict(model.arch_options), "num_classes": int(model.num_classes),

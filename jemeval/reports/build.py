@@ -25,6 +25,7 @@ from typing import Any
 from jemeval.atomic import write_text_atomic
 from jemeval.context import RunContext, shared_datasets, takes_context
 from jemeval.errors import CheckpointError, UsageError
+from jemeval.evaluation.classes import align, model_classes, read_class_map
 from jemeval.evaluation.inputs import recorded_dataset
 from jemeval.formats.load import load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
@@ -70,7 +71,7 @@ def describe(name: str, path: str, group: str | None = None) -> ModelInfo:
     sha256 = (model.metadata.get("checkpoint") or {}).get("sha256") or file_sha256(path)
     seed = (model.metadata.get("provenance") or {}).get("seed", (model.metadata.get("config") or {}).get("seed"))
     return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"),
-                     group=group or name, training=training_cost(model.metadata),
+                     group=group or name, training=training_cost(model.metadata), classes=model_classes(model),
                      seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
 
 
@@ -99,6 +100,47 @@ def common_dataset(models: list[ModelInfo]) -> str:
         raise UsageError(f"the models were trained on different datasets ({', '.join(found)}); give data=DATASET to "
                          "evaluate them all on one", param="data")
     return recorded_dataset(found[0], param="data")  # a plain name only: a checkpoint never picks files to read
+
+
+def report_folder(out: str | os.PathLike, main: bool) -> ReportFolder:
+    """The report folder: claimed by rank 0 (:func:`~jemeval.reports.cache.claim_folder`); the other ranks
+    of a torchrun launch read the cache and never write."""
+    if not main:
+        return ReportFolder(out)
+    return claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name)
+
+
+def class_map_contents(class_map: Any) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
+    """``class_map`` (a file or a dict) read once: its pairs go into every section's options (so the
+    cache keys hold the map itself, not a path whose file may change), and where they came from."""
+    if class_map is None:
+        return None, None
+    pairs, origin = read_class_map(class_map)
+    return dict(pairs), origin
+
+
+#: the sections that compare predictions with labels, and their dataset option
+LABELLED_SECTIONS = {"accuracy": "data", "calibration": "data", "robust": "data"}
+
+
+def check_classes(models: list[ModelInfo], plan: dict[str, dict[str, Any]], dataset: str | None,
+                  context: RunContext) -> None:
+    """Every model against the data of every section that compares its predictions with labels
+    (:func:`jemeval.evaluation.classes.align`), before any section runs: a model whose classes are not
+    the data's (and that the sections' ``class_map``, read once by :func:`class_map_contents`, does not
+    map) is refused in one line, not after the others' sections were computed."""
+    from jemeval.data import load_dataset
+
+    for section, key in LABELLED_SECTIONS.items():
+        spec = (plan.get(section) or {}).get(key) or dataset
+        if section not in plan or not spec:
+            continue
+        ds = load_dataset(spec, "test", context.data_root, context.download)
+        for m in models:
+            try:
+                align(m.classes, m.dataset, ds, spec, plan[section].get("class_map"))
+            except UsageError as exc:
+                raise UsageError(f"{m.name}: {exc}", param=exc.param) from None
 
 
 def prefixed(progress: ProgressArg, prefix: str):
@@ -195,6 +237,7 @@ def report(
     norm: str | Sequence[str] | None = None,
     epsilons: Sequence[float] | None = None,
     attacks: Any = None,
+    class_map: Any = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     config: Mapping[str, Any] | None = None,
     context: RunContext,
@@ -205,28 +248,28 @@ def report(
     ``input_sigma``, ``refine_steps``, ``ood``, ``scores``, ``norm`` (robust: one call per norm),
     ``epsilons``, ``attacks``, ``data_root``, ``download`` and ``batch_size`` override them in the
     sections that take them, and ``options`` (``{"robust": {"grad_mode": "bpda"}}``) sets any other
-    parameter of a section's function. ``seed``, ``data_root``, ``download``, ``batch_size``,
-    ``device`` (default: cuda when available), ``progress`` and ``cache`` are the run's
-    :class:`~jemeval.context.RunContext`, which every section runs in.
+    parameter of a section's function; ``class_map`` (file or dict) as in :func:`check_classes`. ``seed``,
+    ``data_root``, ``download``, ``batch_size``, ``device`` (default: cuda when available), ``progress``
+    and ``cache`` are the run's :class:`~jemeval.context.RunContext`, which every section runs in.
     ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
-    provenance. Returns a :class:`ReportResult`; files are described in the module docstring.
-    """
+    provenance. Returns a :class:`ReportResult`; files are described in the module docstring."""
     chosen = resolve_sections(sections)
     infos = describe_groups(models, names)
     dataset = data or common_dataset(infos)
-    overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma,
+    mapping, map_origin = class_map_contents(class_map)
+    overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma, "class_map": mapping,
                  "refine_steps": refine_steps, "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons,
                  "attacks": attacks, "data_root": None if context.data_root is None else os.fspath(context.data_root),
                  "download": context.download or None, "batch_size": context.batch_size}
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
     context = context.replace(device=resolve_device(context.device))
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
-    folder = (claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name) if main
-              else ReportFolder(out))  # the other ranks read the cache, never write
     with shared_datasets():  # each set loaded once for every (model, section), not once per pair
+        check_classes(infos, plan, dataset, context)  # before the folder is made: a refusal leaves nothing
+        folder = report_folder(out, main)
         entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
     prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
-        "preset": preset, "sections": chosen, "data": dataset, "options": plan,
+        "preset": preset, "sections": chosen, "data": dataset, "options": plan, "class_map": map_origin,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,
                     **({"group": m.group} if m.group != m.name else {})} for m in infos]})
     if config is not None:

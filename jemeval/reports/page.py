@@ -32,6 +32,7 @@ class ModelInfo:
     group: str | None = None  # the model (seed group) this run belongs to; None: itself
     training: dict[str, Any] = field(default_factory=dict)  # the training cost its checkpoint records
     seed: int | None = None  # the training seed its checkpoint records (runs of two groups pair by it)
+    classes: Any = None  # its ClassSpace (jemeval.evaluation.classes): checked against the data before any section
 
     @property
     def model(self) -> str:

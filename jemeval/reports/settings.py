@@ -93,6 +93,7 @@ COMMON = {
     "data_root": {"accuracy": "data_root", "calibration": "data_root", "ood": "data_root", "robust": "data_root",
                   "samples": "data_root"},
     "download": {"accuracy": "download", "calibration": "download", "ood": "download", "robust": "download"},
+    "class_map": {"accuracy": "class_map", "calibration": "class_map", "ood": "class_map", "robust": "class_map"},
     "batch_size": {s: "batch_size" for s in SECTIONS},
 }
 

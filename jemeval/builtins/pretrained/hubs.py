@@ -31,7 +31,16 @@ _FORCE_PICKLE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _TRUE = {"1", "on", "yes", "true", "y"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: how to allow a download, in every "not cached" message
-FETCH = "fetch it once with --download (Python: jemeval.load_model(..., download=True))"
+#: (``download=True`` in Python; the command line shows ``--download``: :func:`jemeval.cli.flag_message`)
+FETCH = "fetch it once with download=True"
+
+
+def fetch_error(message: str) -> CheckpointError:
+    """The error of a weights file that is missing or must be fetched again (``message`` says how, with
+    :data:`FETCH`): about the ``download`` parameter, which the command line writes as its flag."""
+    error = CheckpointError(message)
+    error.param = "download"
+    return error
 
 
 @contextlib.contextmanager
@@ -71,7 +80,7 @@ def weights_record(source: str, name: str, revision: str | None, path: Path) -> 
 def regular_file(path: Path, what: str) -> Path:
     """``path`` when it is a regular file (after symlinks); a FIFO or device would block the reader."""
     if path.exists() and not path.is_file():
-        raise CheckpointError(f"{what}: cache entry {str(path)!r} is not a regular file; delete it and {FETCH}")
+        raise fetch_error(f"{what}: cache entry {str(path)!r} is not a regular file; delete it and {FETCH}")
     return path
 
 
@@ -89,6 +98,17 @@ def hf_cache_dir() -> Path:
             return Path(os.environ[key]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "hub"
+
+
+def model_cache_dirs() -> list[tuple[str, Path]]:
+    """(what, folder) of every cache the model sources read weights from, as the environment names
+    it now: the Hugging Face Hub cache (timm, hf:) and torch hub's folder (``$TORCH_HOME/hub``:
+    torchvision's and pytorch-ood's weights, timm's URL ones). A file there is what a later load
+    trusts, so no command writes into them (:func:`jemeval.cli.paths.check_paths`)."""
+    import torch.hub
+
+    return [("the Hugging Face cache", hf_cache_dir()),
+            ("torch hub's cache ($TORCH_HOME/hub)", Path(torch.hub.get_dir()))]
 
 
 def hub_revision(path: Path) -> str | None:
@@ -117,8 +137,8 @@ def check_hub_blob(path: Path, what: str) -> Path:
     SHA-256; the snapshot path is returned (its name keeps the file's extension)."""
     blob = regular_file(path, what).resolve()
     if _SHA256.fullmatch(blob.name) and file_sha256(blob) != blob.name:
-        raise CheckpointError(f"{what}: the Hugging Face cache file {str(path)!r} does not have the SHA-256 its blob "
-                              f"is named by: the cache entry was altered or damaged; delete {str(blob)!r} and {FETCH}")
+        raise fetch_error(f"{what}: the Hugging Face cache file {str(path)!r} does not have the SHA-256 its blob "
+                          f"is named by: the cache entry was altered or damaged; delete {str(blob)!r} and {FETCH}")
     return path
 
 
@@ -129,7 +149,7 @@ def hub_file(repo: str, filenames: list[str], revision: str | None, *, download:
         return check_hub_blob(found, what)
     where = f"{repo}{'@' + revision if revision else ''} ({' or '.join(filenames)})"
     if not download:
-        raise CheckpointError(f"{what}: {where} is not in the Hugging Face cache {str(hf_cache_dir())!r}; {FETCH}")
+        raise fetch_error(f"{what}: {where} is not in the Hugging Face cache {str(hf_cache_dir())!r}; {FETCH}")
     if hf_offline():
         raise CheckpointError(f"{what}: {where} is not in the Hugging Face cache {str(hf_cache_dir())!r} and "
                               "HF_HUB_OFFLINE is set; unset it to fetch the file")
@@ -137,10 +157,15 @@ def hub_file(repo: str, filenames: list[str], revision: str | None, *, download:
 
 
 def _download(repo: str, filenames: list[str], revision: str | None, what: str) -> Path:
+    """The first of ``filenames`` the repository has, fetched into the cache by huggingface_hub. Each is
+    first asked for once (:func:`_reachable`): offline, huggingface_hub would retry for half a minute,
+    a warning per try, before giving up."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     for name in filenames:
+        if not _reachable(repo, name, revision, what):
+            continue
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 return Path(hf_hub_download(repo, name, revision=revision, cache_dir=str(hf_cache_dir())))
@@ -150,9 +175,32 @@ def _download(repo: str, filenames: list[str], revision: str | None, what: str) 
             raise CheckpointError(f"{what}: fetching {name!r} from {repo!r} failed (the Hub cannot be "
                                   "reached)") from None
         except Exception as exc:  # noqa: BLE001 - no network, unknown repository or revision, ...: one line
-            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise CheckpointError(f"{what}: fetching {name!r} from {repo!r} failed ({detail})") from None
+            raise CheckpointError(f"{what}: fetching {name!r} from {repo!r} failed ({_first_line(exc)})") from None
     raise CheckpointError(f"{what}: repository {repo!r} has none of {', '.join(filenames)}")
+
+
+def _reachable(repo: str, name: str, revision: str | None, what: str) -> bool:
+    """Whether the Hub has ``name`` in ``repo``, asked once with no retries: False when it answers that
+    the file does not exist; one line when the Hub cannot be reached or refuses (unknown repository or
+    revision, a gated one)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        get_hf_file_metadata(hf_hub_url(repo, name, revision=revision), timeout=10)
+    except EntryNotFoundError:
+        return False
+    except HfHubHTTPError as exc:
+        raise CheckpointError(f"{what}: fetching {name!r} from {repo!r} failed ({_first_line(exc)})") from None
+    except Exception as exc:  # noqa: BLE001 - httpx's connection errors and timeouts, an unusable proxy, ...
+        raise CheckpointError(f"{what}: fetching {name!r} from {repo!r} failed: the Hugging Face Hub cannot be "
+                              f"reached ({_first_line(exc)}); connect to the internet, or put the file in the cache "
+                              f"{str(hf_cache_dir())!r}") from None
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 # -- torch hub's cache (torchvision, pytorch-ood) -------------------------------------------------
@@ -171,8 +219,8 @@ def check_torch_hub_file(path: Path, what: str, *, sha256: str | None = None) ->
     digest = file_sha256(path)
     if prefix and not digest.startswith(prefix.lower()):
         expected = "the SHA-256 its registry entry records" if sha256 else f"the SHA-256 prefix {prefix} of its name"
-        raise CheckpointError(f"{what}: the cached file {str(path)!r} does not have {expected}: the cache entry was "
-                              f"altered or damaged; delete it and {FETCH}")
+        raise fetch_error(f"{what}: the cached file {str(path)!r} does not have {expected}: the cache entry was "
+                          f"altered or damaged; delete it and {FETCH}")
     return path
 
 

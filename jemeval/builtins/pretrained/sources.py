@@ -28,6 +28,7 @@ from jemeval.builtins.pretrained.hubs import (
     FETCH,
     cached_hub_file,
     check_torch_hub_file,
+    fetch_error,
     hub_file,
     hub_revision,
     library_error,
@@ -62,12 +63,16 @@ def pixel_normalization(mean, std) -> dict:
 
 
 def wrapped(net: nn.Module, *, arch: str, options: dict, num_classes: int, shape, mean, std, record: dict,
-            dataset: str | None = None, classes: list[str] | None = None) -> EnergyModel:
-    """The EnergyModel of a pretrained network (weights checked finite, eval mode)."""
+            dataset: str | None = None, classes: list[str] | None = None,
+            class_ids: list[str] | None = None) -> EnergyModel:
+    """The EnergyModel of a pretrained network (weights checked finite, eval mode). ``classes`` and
+    ``class_ids`` (other names of the same classes: ImageNet synsets) let a dataset's class names be
+    matched to the model's classes (:mod:`jemeval.evaluation.classes`)."""
     check_finite(net.state_dict(), "its weights", record["path"])
     return EnergyModel(net.eval(), num_classes=num_classes, input_shape=tuple(int(v) for v in shape), arch=arch,
                        arch_options=options, normalization=pixel_normalization(mean, std),
-                       metadata={"dataset": dataset, "classes": classes, "checkpoint": record, "provenance": {}})
+                       metadata={"dataset": dataset, "classes": classes, "class_ids": class_ids, "checkpoint": record,
+                                 "provenance": {}})
 
 
 def _call(what: str, path: Path | None, build: Callable[[], nn.Module]) -> nn.Module:
@@ -114,23 +119,27 @@ def resolve_timm(spec: str) -> Resolved:
         pc = dict(net.pretrained_cfg)
         k = int(getattr(net, "num_classes", 0) or pc["num_classes"])
         record = weights_record(f"timm:{spec}", name, hub_revision(path), path)
+        classes, ids = _timm_classes(net, k)
         return wrapped(net, arch="timm", options={"variant": pc.get("architecture") or arch}, num_classes=k,
                        shape=pc["input_size"], mean=pc["mean"], std=pc["std"], record=record,
-                       classes=_timm_classes(net, k))
+                       classes=classes, class_ids=ids)
 
     return Resolved(cached_hub_file(repo, files, revision or None, what), load)
 
 
-def _timm_classes(net: nn.Module, k: int) -> list[str] | None:
-    """ImageNet class names for a timm ImageNet model (timm's own table), else None."""
+def _timm_classes(net: nn.Module, k: int) -> tuple[list[str] | None, list[str] | None]:
+    """(class names, synset ids) of a timm ImageNet model (timm's own table), else (None, None)."""
     try:
         from timm.data import ImageNetInfo, infer_imagenet_subset
 
         subset = infer_imagenet_subset(net)
-        found = list(ImageNetInfo(subset).label_descriptions()) if subset else None
+        info = ImageNetInfo(subset) if subset else None
+        names, ids = (list(info.label_descriptions()), list(info.label_names())) if info else (None, None)
     except Exception:  # noqa: BLE001 - names are a convenience; an older timm has no table
-        return None
-    return found if found is not None and len(found) == k else None
+        return None, None
+    if names is None or len(names) != k:
+        return None, None
+    return names, ids if ids is not None and len(ids) == k else None
 
 
 # -- torchvision --------------------------------------------------------------------------------------
@@ -153,8 +162,8 @@ def resolve_torchvision(spec: str) -> Resolved:
 
     def load(download: bool, config: dict, sgld: dict) -> EnergyModel:
         if not path.exists() and not download:
-            raise CheckpointError(f"{what}: {weights!r} is not in torch hub's cache ({str(path)!r}, under "
-                                  f"$TORCH_HOME); {FETCH}")
+            raise fetch_error(f"{what}: {weights!r} is not in torch hub's cache ({str(path)!r}, under "
+                              f"$TORCH_HOME); {FETCH}")
         if path.exists():
             check_torch_hub_file(path, what)
         net = _call(what, path, lambda: models.get_model(name, weights=weights))
@@ -195,8 +204,8 @@ def resolve_pytorch_ood(spec: str) -> Resolved:
 
     def load(download: bool, config: dict, sgld: dict) -> EnergyModel:
         if not path.exists() and not download:
-            raise CheckpointError(f"{what}: {entry.key} is not in torch hub's cache ({str(path)!r}, under "
-                                  f"$TORCH_HOME); {FETCH}")
+            raise fetch_error(f"{what}: {entry.key} is not in torch hub's cache ({str(path)!r}, under "
+                              f"$TORCH_HOME); {FETCH}")
         if path.exists():
             check_torch_hub_file(path, what, sha256=entry.sha256)
         net = _call(what, path, lambda: ood_models.load_model(entry.key, map_location="cpu"))

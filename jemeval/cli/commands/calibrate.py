@@ -5,7 +5,7 @@ import click
 
 from jemeval.cli.options import model_option, run_options, sigma_option, split_list
 from jemeval.cli.output import emit, output_options, write_files
-from jemeval.cli.paths import Command, dataset_option, output_path_option
+from jemeval.cli.paths import Command, class_map_option, dataset_option, output_path_option
 
 SUMMARY_COLUMNS = ["calibration", "temperature", "ece", "mce", "rms", "brier", "nll", "accuracy", "n"]
 
@@ -41,10 +41,11 @@ def bins_rows(result) -> list[dict]:
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
                     help="Write a reliability diagram (empty bins marked, ECE printed) to FILE.png.")
 @click.option("--no-bins", "hide_bins", is_flag=True, help="Do not print the per-bin table.")
+@class_map_option
 @output_options
 @run_options()
 def cli(model_path, data, split, bins, bins_strategy, metrics, n, input_sigma, temperature_scaling, val_size, plot,
-        hide_bins, context, **output):
+        hide_bins, class_map, context, **output):
     """Calibration of a model's confidences (max softmax) on a labelled dataset.
 
     ECE = sum_b n_b/N |acc_b - conf_b| over equal-width bins (lo, hi] (confidence 0 in the first
@@ -64,7 +65,7 @@ def cli(model_path, data, split, bins, bins_strategy, metrics, n, input_sigma, t
     result = calibrate(
         model_path, data, split=split, bins=bins, bins_strategy=bins_strategy, n=n, input_sigma=input_sigma,
         temperature_scaling=temperature_scaling, val_size=val_size,
-        metrics=split_list(metrics, "--metric") if metrics else None, context=context,
+        metrics=split_list(metrics, "--metric") if metrics else None, class_map=class_map, context=context,
     )
     write_files(result, (plot, plot_calibration_result))
     emit(result, columns=SUMMARY_COLUMNS + [k for k in result.records[0] if k not in SUMMARY_COLUMNS and k != "bins"],

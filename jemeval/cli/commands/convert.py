@@ -20,6 +20,9 @@ COLUMNS = ["layout", "arch", "num_classes", "dataset", "bn_mode", "output"]
 def cli(path_in, path_out, dataset, legacy_out, **output):
     """Write the foreign checkpoint IN as a jemeval checkpoint OUT (.pt), this command's main product.
 
+    IN may also be a model source (timm:NAME, ...) or a `jemeval export` .safetensors file (its
+    dataset, class names and training config are kept).
+
     \b
     The layout is recognised from the keys: the JEM release WRN (with or without BatchNorm) and
     JEM++ / SADA-JEM WRNs (BatchNorm, no f.linear). OUT records the source layout, the source

@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import click
 
-from jemeval.cli.options import chain_sigma_option, model_option, parse_ints, run_options, sigma_option
+from jemeval.cli.options import (
+    chain_sigma_option,
+    model_option,
+    parse_ints,
+    run_options,
+    sigma_option,
+)
 from jemeval.cli.output import emit, output_options
-from jemeval.cli.paths import Command, dataset_option
+from jemeval.cli.paths import Command, class_map_option, dataset_option
 
 
 @click.command("eval", cls=Command)
@@ -22,10 +28,11 @@ from jemeval.cli.paths import Command, dataset_option
               help="Refinement SGLD step size. Default: the checkpoint's training setting, else 1.0.")
 @click.option("--sgld-std", "sgld_noise", type=float, default=None,
               help="Refinement SGLD noise std. Default: the checkpoint's training setting, else 0.01.")
+@class_map_option
 @output_options
 @run_options()
 def cli(model_path, data, split, n, input_sigma, refine_steps, chains, chain_sigma, sgld_step_size, sgld_noise,
-        context, **output):
+        class_map, context, **output):
     """Classification accuracy and NLL (mean -log p(y|x)).
 
     \b
@@ -37,6 +44,6 @@ def cli(model_path, data, split, n, input_sigma, refine_steps, chains, chain_sig
     result = evaluate(
         model_path, data, split=split, n=n, input_sigma=input_sigma,
         refine_steps=parse_ints(refine_steps, "--refine-steps"), chains=chains, chain_sigma=chain_sigma,
-        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, context=context,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, class_map=class_map, context=context,
     )
     emit(result, **output)

@@ -18,7 +18,8 @@ COLUMNS = ["format", "arch", "num_classes", "dataset", "tensors", "parameters", 
 @output_path_option("--out", "out", suffix=".safetensors", metavar="FILE.safetensors", required=True,
                     help="The exported file, this command's main product.")
 @click.option("--classes", default=None,
-              help="Comma-separated class names to record in the header (one per class), e.g. 0,1,2,...")
+              help="Comma-separated class names to record in the header (one per class), e.g. 0,1,2,... "
+                   "Default: the names the model records (timm's and torchvision's ImageNet names), if any.")
 @output_options(result_flag="--result")
 def cli(model_path, format_, out, classes, **output):
     """Export MODEL (any checkpoint jemeval loads) as a .safetensors file with a JSON header.

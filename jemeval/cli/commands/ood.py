@@ -6,7 +6,7 @@ import click
 from jemeval.cli.config import config_option
 from jemeval.cli.options import model_option, nproc_option, run_options, sigma_option, split_list
 from jemeval.cli.output import emit, output_options, write_files
-from jemeval.cli.paths import Command, dataset_option, output_path_option
+from jemeval.cli.paths import Command, class_map_option, dataset_option, output_path_option
 
 COLUMNS = None  # every record key: the chosen metrics and any CI columns
 
@@ -50,12 +50,15 @@ COLUMNS = None  # every record key: the chosen metrics and any CI columns
                     help="Write the figure to FILE.png: per score (one row each), histograms of in- vs "
                          "out-of-distribution scores, ROC curves and precision-recall curves (AUROC, AUPR-In in "
                          "the legends).")
+@class_map_option(help="Map the fit set's classes to the model's, for detectors fitted on labels (mahalanobis, gmm, "
+                       "tscaling, openmax, she, ...) where the two differ: a JSON object or a CSV of 'data class,model "
+                       "class' (docs/data.md, class maps).")
 @output_options
 @nproc_option
 @run_options(no_cache=True, no_cache_help="Refit detectors instead of reading (or writing) the cache of fitted states "
                                           "($JEMEVAL_CACHE_DIR/detectors, default ~/.cache/jemeval/detectors).")
 def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, metrics, n, input_sigma, bootstrap, level,
-        save_scores, plot, context, **output):
+        save_scores, plot, class_map, context, **output):
     """AUROC, AUPR-In, AUPR-Out and FPR95 of each score on each OOD set.
 
     In-distribution is the positive class for AUROC and AUPR-In; AUPR-Out treats OOD as positive
@@ -78,7 +81,8 @@ def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, metrics, n, 
     result = evaluate_ood(
         model_path, split_list(ood, "--ood"), id=id, split=split, scores=split_list(scores, "--score"),
         metrics=split_list(metrics, "--metric") if metrics else None, n=n, input_sigma=input_sigma,
-        bootstrap=bootstrap, level=level, tune_on=tune_on, fit_on=fit_on, fit_n=fit_n, context=context,
+        bootstrap=bootstrap, level=level, tune_on=tune_on, fit_on=fit_on, fit_n=fit_n, class_map=class_map,
+        context=context,
     )
     write_files(result, (save_scores, save_ood_scores), (plot, plot_ood_result))
     emit(result, columns=COLUMNS, **output)

@@ -18,7 +18,7 @@ from jemeval.cli.options import (
     split_list,
 )
 from jemeval.cli.output import config_provenance
-from jemeval.cli.paths import Command, dataset_option
+from jemeval.cli.paths import Command, class_map_option, dataset_option
 from jemeval.errors import UsageError
 from jemeval.results import text_table
 
@@ -115,10 +115,13 @@ def export_option(ctx, param, value):
               help="Also write the leaderboards' formats into the report folder, comma-separated: openood "
                    "(openood.csv, OpenOOD v1.5's columns) and/or robustbench (robustbench-<model>.json, "
                    "RobustBench's model_info). A value the report does not hold is null, with a note.")
+@class_map_option(help="Map the data's classes to the models' where they differ (accuracy, calibration, robust, "
+                       "and ood's detectors fitted on labels): a JSON object or a CSV of 'data class,model class' "
+                       "(docs/data.md, class maps).")
 @nproc_option
 @run_options(batch_size=None)
 def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain_sigma, refine_steps, ood, scores, norm,
-        epsilons, attacks, options, as_json, export, context):
+        epsilons, attacks, options, as_json, export, class_map, context):
     """Evaluate several models side by side: accuracy, calibration, OOD, robustness, samples.
 
     Runs jemeval eval, calibrate, ood, robust and sample for every model on the same data, seeds
@@ -134,8 +137,10 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
       jemeval report --model 'runs/jem-s*/best.pt' --name JEM \\
           --model 'runs/base-s*/best.pt' --name baseline --out runs/report
     """
+    from jemeval.cli.paths import check_outside_model_caches
     from jemeval.reports.build import report
 
+    check_outside_model_caches("--out", out)
     result = report(
         list(models), names=list(names) or None, out=out, preset=preset, sections=sections, force=force, data=data,
         n=n, input_sigma=input_sigma,
@@ -144,7 +149,7 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
         scores=None if scores is None else split_list(scores, "--score"),
         norm=None if norm is None else split_list(norm, "--norm"),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
-        attacks=None if attacks is None else split_attack_specs(attacks),
+        attacks=None if attacks is None else split_attack_specs(attacks), class_map=class_map,
         options=with_chain_sigma(parse_set(options), chain_sigma), config=config_provenance(), context=context,
     )
     exported = []

@@ -14,7 +14,7 @@ from jemeval.cli.options import (
     split_list,
 )
 from jemeval.cli.output import emit, output_options, write_files
-from jemeval.cli.paths import Command, dataset_option, output_path_option
+from jemeval.cli.paths import Command, class_map_option, dataset_option, output_path_option
 
 COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_accuracy", "ci_low", "ci_high",
            "robust_accuracy_mean", "clean_accuracy", "n", "draws", "eot_samples", "median_min_perturbation", "seconds"]
@@ -86,12 +86,13 @@ def split_attack_specs(value: str) -> list[str]:
 @output_path_option("--plot", suffix=".png", metavar="FILE.png",
                     help="Write robust accuracy vs epsilon (one line per K, attack and gradient mode) to FILE.png; "
                          "after an --eot-samples or --steps sweep, beside it robust accuracy vs the count.")
+@class_map_option
 @output_options
 @nproc_option
 @run_options(batch_size=100, batch_help="Inputs per attack call.")
 def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps, restarts, grad_mode, draws, chains,
-        chain_sigma, eot_samples, converge_tolerance, checkpoint, sgld_step_size, sgld_noise, data, plot, context,
-        **output):
+        chain_sigma, eot_samples, converge_tolerance, checkpoint, sgld_step_size, sgld_noise, data, plot, class_map,
+        context, **output):
     """Robust accuracy under adversarial attack, optionally behind K steps of SGLD refinement.
 
     Each input is duplicated into --chains copies with --chain-sigma noise, refined by K SGLD steps up
@@ -126,7 +127,8 @@ def cli(model_path, norm, refine_steps, attacks, aa_version, epsilons, n, steps,
         data=data, n=n, steps=None if steps is None else counts(steps, "--steps"), restarts=restarts,
         grad_mode=split_list(grad_mode, "--grad-mode"), draws=draws, aa_version=aa_version, chains=chains,
         chain_sigma=chain_sigma, eot_samples=counts(eot_samples, "--eot-samples"), checkpoint=checkpoint,
-        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, converge_tolerance=converge_tolerance, context=context,
+        sgld_step_size=sgld_step_size, sgld_noise=sgld_noise, converge_tolerance=converge_tolerance,
+        class_map=class_map, context=context,
     )
     write_files(result, (plot, plot_robust_result))
     emit(result, columns=columns_for(result), **output)

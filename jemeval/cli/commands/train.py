@@ -144,6 +144,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
       jemeval train --config c.yaml --epochs 10     # every option from c.yaml, --epochs from here
     """
     # the training stack (torch) is imported when the command runs, not when the CLI starts
+    from jemeval.cli.paths import check_outside_model_caches
     from jemeval.runtime.launch import launched_by_torchrun, relaunch
     from jemeval.training import train
     from jemeval.training.config import resolve_config, resume_from
@@ -159,6 +160,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
         text = render_config(ctx.command, _config_values(ctx, config), title=_config_title(config))
         click.echo(_mark_derived(text, ctx.command, config.derived), nl=False)
         return
+    check_outside_model_caches("--out", config.out_dir)
     if nproc is not None and not launched_by_torchrun(nproc):
         check_launch(config, nproc)
         sys.exit(relaunch(nproc, without_nproc(sys.argv[1:])))

@@ -39,6 +39,7 @@ from jemeval.evaluation.batching import (
     resolved_options,
     run_batches,
 )
+from jemeval.evaluation.classes import class_alignment
 from jemeval.evaluation.inputs import check_input_sigma, prepare_model, stamp, training_dataset
 from jemeval.evaluation.metrics import select_metrics
 from jemeval.evaluation.ood.fit import DetectorFitter, fit_sets
@@ -74,6 +75,7 @@ def compute_ood_scores(
     fit_on: str | None = None,
     fit_n: int | None = None,
     tune_on: str | None = None,
+    class_map: Any = None,
     context: RunContext,
 ) -> tuple[OODScores, dict[str, Any]]:
     """Fit the detectors, then run the batch loop over the ID set and every OOD set; return the scores
@@ -99,7 +101,7 @@ def compute_ood_scores(
     seen = {label: check_ood_set(id_name, label, ds, context=context) for label, ds, _ in sets}  # before fitting
     score_fns, fitting = fit_scores(
         model, score_fns, id_name=id_name, test_sets=[label for label, _, _ in sets], fit_on=fit_on, fit_n=fit_n,
-        tune_on=tune_on, split=split, n=n, input_sigma=input_sigma, context=context)
+        tune_on=tune_on, split=split, n=n, input_sigma=input_sigma, class_map=class_map, context=context)
     per_set: dict[str, dict[str, np.ndarray]] = {}
     settings_per_set: dict[str, Any] = {}
     for i, (label, ds) in enumerate([(id_name, id_ds), *[(label, ds) for label, ds, _ in sets]]):
@@ -124,17 +126,22 @@ def compute_ood_scores(
 
 def fit_scores(model, score_fns: list[ScoreFn], *, id_name: str, test_sets: Sequence[str], fit_on: str | None,
                fit_n: int | None, tune_on: str | None, split: str, n: int | None, input_sigma: float,
-               context: RunContext) -> tuple[list[ScoreFn], dict[str, Any]]:
+               class_map: Any = None, context: RunContext) -> tuple[list[ScoreFn], dict[str, Any]]:
     """Fit the detectors among ``score_fns`` (and first tune the scores with a grid on ``tune_on``):
-    the scores to evaluate and what was done (:mod:`jemeval.evaluation.ood.fit`, ``ood.tune``)."""
+    the scores to evaluate and what was done (:mod:`jemeval.evaluation.ood.fit`, ``ood.tune``). A
+    detector that fits on labels gets them as the model's classes (:mod:`jemeval.evaluation.classes`:
+    the fit set and the model must have the same classes, or ``class_map`` maps them)."""
     if tune_on is None and not any(s.detector for s in score_fns):
         return score_fns, {}
     if tune_on is not None:
         check_tune_set(tune_on, id_name, test_sets)  # before any fitting
     sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, split=split,
                     context=context)
-    fitter = DetectorFitter(model, sets, context=context)
     info: dict[str, Any] = {"fit_data": sets.info}
+    if any(s.detector and getattr(s.fn, "needs_labels", False) for s in score_fns):
+        classes = class_alignment(model, sets.fit, fit_on or id_name, class_map)
+        sets.fit, info["class_map"] = classes.apply(sets.fit), classes.record
+    fitter = DetectorFitter(model, sets, context=context)
     if tune_on is not None:
         score_fns, info["tuning"] = tune_scores(
             model, score_fns, fitter, tune_on=tune_on, id_name=id_name, test_sets=test_sets, split=split, n=n,
@@ -253,6 +260,7 @@ def evaluate_ood(
     fit_on: str | None = None,
     fit_n: int | None = None,
     tune_on: str | None = None,
+    class_map: Any = None,
     context: RunContext,
 ) -> Result:
     """OOD detection of ``model`` (an EnergyModel or a checkpoint path) against each set in ``ood``
@@ -264,8 +272,10 @@ def evaluate_ood(
     split of ``fit_on`` (default: ``id``) less the images training held out, a seeded ``fit_n`` of
     them if given, and cached as the context's cache policy says (``cache=False``: neither read nor
     write the cache); ``tune_on`` names the OOD validation set that picks the hyperparameters of
-    every score with a grid. ``seed``, ``device``, ``batch_size``, ``progress``, ``data_root``,
-    ``download`` and ``cache`` are the run's :class:`~jemeval.context.RunContext` (``context=``).
+    every score with a grid. ``class_map`` maps the fit set's classes to the model's for detectors
+    that fit on labels (:mod:`jemeval.evaluation.classes`). ``seed``, ``device``, ``batch_size``,
+    ``progress``, ``data_root``, ``download`` and ``cache`` are the run's
+    :class:`~jemeval.context.RunContext` (``context=``).
     Returns a :class:`~jemeval.results.Result` with one record per (score, OOD set): score, id, ood
     (and ``group`` with groups), auroc, aupr_in, aupr_out, fpr95 (or the ``metrics`` named, plugin
     metrics too), n_id, n_ood, ``<metric>_lo``/``_hi`` with ``bootstrap`` > 0 resamples, plus one
@@ -278,7 +288,7 @@ def evaluate_ood(
     check_bootstrap(bootstrap, level)
     ood_scores, settings = compute_ood_scores(model, ood, id=id, scores=scores, split=split, n=n,
                                               input_sigma=input_sigma, fit_on=fit_on, fit_n=fit_n, tune_on=tune_on,
-                                              context=context)
+                                              class_map=class_map, context=context)
     records = ood_records(ood_scores, metrics=metrics, bootstrap=bootstrap, level=level, seed=context.seed,
                           progress=context.progress)
     settings.update({"metrics": [k for k in records[0] if k not in ("score", "id", "ood", "n_id", "n_ood")

@@ -210,6 +210,7 @@ class Batches:
     norm: str
     batch_size: int
     notes: list[str] = field(default_factory=list)  # about the inputs (a set without a test split)
+    class_map: dict[str, Any] | None = None  # how the labels were mapped to the model's classes, if they were
 
     @property
     def spans(self) -> list[tuple[int, int]]:

@@ -30,6 +30,7 @@ from jemeval.data import input_shape_of, load_dataset, no_test_split_note, subsa
 from jemeval.deprecations import deprecated_keywords
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError, did_you_mean
+from jemeval.evaluation.classes import class_alignment
 from jemeval.evaluation.inputs import (
     check_input_shape,
     check_min,
@@ -139,12 +140,13 @@ def plan_runs(ks: list[int], named: list[tuple[str, Attack]], modes: list[str], 
 
 
 def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[float] | None, *, n: int | None,
-                  context: RunContext) -> Batches:
-    """The seeded test subset on the model's device, and the epsilons (defaults: the norm's list,
-    without sizes the input cannot hold, e.g. large L2 on tiny images)."""
+                  context: RunContext, class_map: Any = None) -> Batches:
+    """The seeded test subset on the model's device, labels as the model's classes (``class_map``), and the
+    epsilons (defaults: the norm's list, without sizes the input cannot hold, e.g. large L2 on tiny images)."""
     full = load_dataset(data, "test", root=context.data_root, download=context.download, input_shape=model.input_shape)
-    ds = subsample(full, n, seed=context.seed)
-    check_input_shape(model, ds, data)
+    check_input_shape(model, full, data)
+    classes = class_alignment(model, full, data, class_map)
+    ds = subsample(classes.apply(full), n, seed=context.seed)
     notes = [note] if (note := no_test_split_note(data, full)) else []
     notes += check_evaluated(model, data, "test", ds, context=context)[0]  # and the images it has seen
     x, y = (t.to(model.device) for t in to_arrays(ds))
@@ -155,10 +157,9 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
         limit = epsilon_limit(norm, input_shape_of(ds))
         epsilons = [e for e in DEFAULT_EPSILONS[norm] if e <= limit]
     return Batches(x, y, check_epsilons(epsilons, norm, input_shape_of(ds)), norm,
-                   context.batch(DEFAULT_BATCH_SIZE), notes=notes)
+                   context.batch(DEFAULT_BATCH_SIZE), notes=notes, class_map=classes.record)
 
 
-# -- the evaluation ---------------------------------------------------------------------------------
 def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | None:
     """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1, distinct, in
     increasing order (a sweep's verdict compares its last two). None stays None."""
@@ -223,6 +224,7 @@ def robust(
     sgld_step_size: float | None = None,
     sgld_noise: float | None = None,
     converge_tolerance: float = TOLERANCE,
+    class_map: Any = None,
     context: RunContext,
 ) -> Result:
     """Robust accuracy of ``model`` under ``attacks`` for every (K, grad mode, epsilon).
@@ -236,17 +238,16 @@ def robust(
     mode, epsilon) curve gets a paired verdict (:mod:`.convergence`, ``converge_tolerance`` in robust-accuracy
     units); every record gets ``flags`` (:func:`.checks.record_flags`). K = 0 is attacked once per attack
     (full and bpda coincide; recorded as ``full``); gradient-free attacks ignore the gradient mode (``none``).
-    ``draws``: re-check every adversarial under that many fresh noise draws; an input is robust only if all
-    of them classify it correctly (>= 5 for a refined model). ``chain_sigma`` (default 0; the JEM release
-    0.03) is the noise added to each chain before refinement; ``checkpoint``: gradient checkpointing through
-    it. The RunContext (``seed``, ``device``, ``batch_size``: inputs per attack call, default 100, ...).
+    ``draws``: re-check every adversarial under fresh noise draws; robust only if all classify it correctly
+    (>= 5 for a refined model). ``chain_sigma`` (default 0; the JEM release 0.03): noise added to each chain
+    before refinement; ``checkpoint``: gradient checkpointing; ``class_map``: :mod:`jemeval.evaluation.classes`.
     """
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
     sweep = {**check_sweep(eot_samples, steps), "tolerance": check_tolerance(converge_tolerance)}
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
-    inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
+    inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context, class_map=class_map)
     sgld, _ = recorded_sgld(model, 0, step_size=sgld_step_size, noise=sgld_noise)
     offered = {k: v for k, v in {"restarts": restarts, "crn_seed": context.seed, "version": aa_version}.items()
                if v is not None}
@@ -348,7 +349,7 @@ def robust_settings(defence: Defence, inputs: Batches, ks: list[int], modes: lis
         "gradient_checkpointing_steps": [k for k in ks if k and defence.classifier(k, "full").checkpoint],
         "draws": defence.draws, "stochastic_refine_steps": [k for k in ks if defence.stochastic(k)],
         "sgld": {k: v for k, v in defence.sgld.settings().items() if k != "steps"},
-        "sgld_note": sampler_note(defence.model),
+        "sgld_note": sampler_note(defence.model), "class_map": inputs.class_map,
         "attacks": {name: dict(a[-1].settings) for name, a in variants},
         "data": str(data), "split": "test", "n": len(inputs.x), "subset_seed": seed, "batch_size": inputs.batch_size,
         "seeds": {"attack": f"{seed} + 7919 * batch (torch and numpy, per attack call)",
