@@ -285,7 +285,7 @@ def test_a_model_trained_on_the_data_needs_no_map(digits_classifier_ckpt, small_
     for i in range(3):
         Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(flat / f"{i}.png")
     result = runner().invoke(cli, ["ood", "--model", str(digits_classifier_ckpt), "--device", "cpu", "--ood",
-                                   f"folder:{flat}", "--score", "maxprob,mahalanobis", "--n", "20", "--fit-n", "50",
+                                   f"folder:{flat}", "--score", "maxprob,mahalanobis", "--n", "20", "--fit-n", "100",
                                    "--no-cache"])
     assert result.exit_code == 0, result.stderr
 
