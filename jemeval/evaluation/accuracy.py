@@ -32,6 +32,7 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
+from jemeval.evaluation.limits import check_count, check_memory
 from jemeval.evaluation.metrics import nll as nll_metric
 from jemeval.results import Result
 from jemeval.runtime.shards import batch_seed
@@ -65,6 +66,7 @@ def evaluate(
     """
     steps_list = check_refine_steps(refine_steps)
     check_min("chains", chains, 1)
+    check_count("chains", chains)
     check_min("chain_sigma", chain_sigma, 0)
     check_input_sigma(input_sigma)
     model = prepare_model(model, context.device)
@@ -72,6 +74,9 @@ def evaluate(
     ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
     ds = subsample(ds, n, context.seed)
     check_input_shape(model, ds, data)
+    if any(steps_list) and len(ds):  # K > 0: every input of a batch refined in chains copies at once
+        check_memory("chains", [("batch_size", min(context.batch(DEFAULT_BATCH_SIZE), len(ds))), ("chains", chains)],
+                     model.input_shape, model.device)
 
     records: list[dict[str, Any]] = []
     per_input: list[dict[str, Any]] = []  # per K, which inputs are classified correctly (paired tests)

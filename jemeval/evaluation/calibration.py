@@ -47,6 +47,7 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
+from jemeval.evaluation.limits import check_count
 from jemeval.evaluation.metrics import (
     BIN_STRATEGIES,
     DEFAULT_BINS,
@@ -217,6 +218,7 @@ def calibrate(
     :class:`~jemeval.context.RunContext`. ``extra["per_input"]``: :func:`per_input_outcomes`. Figure:
     :func:`jemeval.plots.calibration.plot_calibration_result`."""
     check_min("bins", int(bins), 1)
+    check_count("bins", bins)
     check_input_sigma(input_sigma)
     check_bins_strategy(bins_strategy)
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything

@@ -23,6 +23,7 @@ from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import check_finite_outputs
 from jemeval.evaluation.inputs import check_min, prepare_model, stamp
+from jemeval.evaluation.limits import check_count, check_memory, check_passes
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.results import Result
 from jemeval.sampling.buffer import uniform_like_shape
@@ -71,6 +72,14 @@ def distal(
     for name, value, low in (("n", n, 1), ("steps", steps, 0), ("refine_steps", refine_steps, 0),
                              ("chains", chains, 1)):
         check_min(name, int(value), low)
+    for name, value, kind, low in (("steps", steps, "ascent_steps", 0), ("refine_steps", refine_steps, None, 0),
+                                   ("chains", chains, None, 1)):
+        check_count(name, value, kind, low=low)
+    check_passes("steps", int(steps) * (int(refine_steps) * int(chains) + 1),
+                 f"steps {int(steps)} x (refine_steps {int(refine_steps)} x chains {int(chains)} + 1)")
+    refined = refine_steps > 0 or chain_sigma > 0  # every image in chains copies at once
+    check_memory("n", [("n", n), ("targets", len(targets))] + ([("chains", chains)] if refined else []),
+                 model.input_shape, model.device)
     if not lr > 0:
         raise UsageError(f"lr must be > 0, got {lr}", param="lr")
     check_min("chain_sigma", chain_sigma, 0)

@@ -39,7 +39,8 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
-from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
+from jemeval.evaluation.limits import check_count, check_memory, check_passes
+from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, native_eot, run_attacks
 from jemeval.evaluation.robust.checks import convergence, final_records, mark_converged, sanity_checks
 from jemeval.evaluation.robust.threat import check_norm
 from jemeval.plugins import get_registry
@@ -199,9 +200,15 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
+#: robust's counts and the ceiling each is held to (:data:`jemeval.evaluation.limits.CEILINGS`)
+COUNT_KINDS = {"steps": "attack_steps", "eot_samples": "eot_samples", "restarts": "restarts", "chains": "chains",
+               "draws": "draws"}
+
+
 def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | None:
-    """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1, distinct, in
-    increasing order (a sweep's verdict compares its last two). None stays None."""
+    """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1 within their
+    ceiling (:mod:`jemeval.evaluation.limits`), distinct, in increasing order (a sweep's verdict
+    compares its last two). None stays None."""
     if value is None:
         return None
     counts = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
@@ -215,6 +222,7 @@ def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | N
         if not whole:
             raise UsageError(f"{param} must be whole numbers >= 1 (a count, or a list such as 1,5,10,20), got {c!r}",
                              param=param)
+        check_count(param, c, COUNT_KINDS.get(param, param))
     return sorted({int(c) for c in counts})
 
 
@@ -226,11 +234,42 @@ def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: in
     ks = list(dict.fromkeys(check_refine_steps(refine_steps)))
     modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
     specs = attack_specs(attacks)
-    check_min("chains", int(chains), 1)
-    check_min("draws", int(draws), 1)
+    check_count("chains", chains)
+    check_count("draws", draws)
     check_aa_version(aa_version)
     check_min("chain_sigma", float(chain_sigma), 0)
     return norm, ks, modes, specs
+
+
+def check_robust_passes(ks: Sequence[int], modes: Sequence[str], *, chains: int, restarts: int | None,
+                        sweep: dict[str, list[int] | None], steps: int | None) -> None:
+    """The forward-and-backward passes one attack spends on one input at one epsilon, at most
+    restarts x steps x EOT samples x (K x chains + 1), within the ceiling
+    (:func:`~jemeval.evaluation.limits.check_passes`); the counts an attack's own defaults set are
+    not known here and count as 1."""
+    if restarts is not None:
+        check_count("restarts", restarts)
+    if steps is not None and sweep["steps"] is None:
+        check_count("steps", steps, "attack_steps")
+    most_steps = max(sweep["steps"] or [steps or 1])
+    eot = max(sweep["eot_samples"]) if any(m in EOT_MODES for m in modes) else 1
+    k = max(ks)
+    check_passes("steps", (restarts or 1) * most_steps * eot * (k * int(chains) + 1),
+                 f"restarts {restarts or 1} x steps {most_steps} x eot_samples {eot} x (refine_steps {k} x chains "
+                 f"{int(chains)} + 1)")
+
+
+def check_defence_memory(defence: Defence, runs: Sequence[Run], inputs: Batches) -> None:
+    """The copies the refined classifier holds at once (batch x chains x the EOT samples a run draws
+    in one forward, :func:`~jemeval.evaluation.limits.check_memory`) fit the device: checked per
+    planned run before the first attack."""
+    batch = min(inputs.batch_size, len(inputs.x))
+    refined = [r for r in runs if r.refine_steps > 0 or defence.chain_sigma > 0]
+    if not refined or not batch:
+        return
+    eot = max((defence.eot_samples if r.grad_mode in EOT_MODES and not native_eot(r) else 1) for r in refined)
+    check_memory("chains", [("batch_size", batch), ("chains", defence.chains), ("eot_samples", eot)],
+                 inputs.x.shape[1:], inputs.x.device)
 
 
 #: how a sweep's counts are compared (the provenance says so)
@@ -284,6 +323,7 @@ def robust(
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
     sweep = check_sweep(eot_samples, steps)
+    check_robust_passes(ks, modes, chains=chains, restarts=restarts, sweep=sweep, steps=steps)
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
     inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
@@ -293,6 +333,7 @@ def robust(
     variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
     defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
     runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
+    check_defence_memory(defence, runs, inputs)
     outcomes: list[dict[str, Any]] = []
     records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
                                                     inputs, progress=context.progress, outcomes=outcomes)
