@@ -195,6 +195,8 @@ def report(
     attacks: Any = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     config: Mapping[str, Any] | None = None,
+    export: str | Sequence[str] | None = None,
+    export_metadata: Mapping[str, Any] | None = None,
     context: RunContext,
 ) -> ReportResult:
     """Evaluate ``models`` (checkpoint paths, or a mapping name -> path) side by side into ``out``.
@@ -207,7 +209,11 @@ def report(
     ``device`` (default: cuda when available), ``progress`` and ``cache`` are the run's
     :class:`~jemeval.context.RunContext`, which every section runs in.
     ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
-    provenance. Returns a :class:`ReportResult`; files are described in the module docstring.
+    provenance. ``export`` (openood, robustbench) also writes the leaderboards' files, with the
+    fields only the authors know from ``export_metadata`` (:mod:`jemeval.reports.exports`): an export
+    they would reject is refused before any section runs. Returns a :class:`ReportResult`; files are
+    described in the module docstring (the exports in ``paths["exports"]``, why a cell is '/' in
+    ``extra["export_notes"]``).
     """
     chosen = resolve_sections(sections)
     infos = describe_groups(models, names)
@@ -217,6 +223,7 @@ def report(
                  "attacks": attacks, "data_root": None if context.data_root is None else os.fspath(context.data_root),
                  "download": context.download or None, "batch_size": context.batch_size}
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
+    formats, metadata = planned_exports(export, export_metadata, infos, dataset=dataset, plan=plan)
     context = context.replace(device=resolve_device(context.device))
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
     folder = (claim_folder(out, create_parents=os.fspath(out) == DEFAULT_OUT, figure_name=is_figure_name) if main
@@ -229,12 +236,44 @@ def report(
                     **({"group": m.group} if m.group != m.name else {})} for m in infos]})
     if config is not None:
         prov["config"] = dict(config)
+    if formats:
+        prov["settings"]["export"] = {"formats": formats, "metadata": metadata}
     if not main:
         out = folder.path
         return ReportResult([], prov, extra={"runs": [], "errors": []},  # rank 0's report has everything
                             paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
                                    "json": out / "report.json"})
-    return write_report(folder, infos, plan, entries, prov, preset=preset)
+    result = write_report(folder, infos, plan, entries, prov, preset=preset)
+    return with_exports(result, formats, metadata) if formats else result
+
+
+def planned_exports(export: str | Sequence[str] | None, metadata: Mapping[str, Any] | None, infos: list[ModelInfo],
+                    *, dataset: str, plan: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """(the export formats, the metadata as :func:`~jemeval.reports.leaderboards.export_metadata`
+    reads it), checked against the plan before any section runs."""
+    if export is None:
+        return [], {}
+    from jemeval.reports.exports import check_export_plan, export_formats
+    from jemeval.reports.leaderboards import export_metadata as read_metadata
+
+    formats, metadata = export_formats(export), read_metadata(metadata)
+    check_export_plan(formats, metadata, list(dict.fromkeys(m.model for m in infos)), dataset=dataset, plan=plan)
+    return formats, metadata
+
+
+def with_exports(result: ReportResult, formats: list[str], metadata: dict[str, Any]) -> ReportResult:
+    """``result`` once its exports are written (their paths in ``paths["exports"]``); a refused export
+    is one line saying that the report itself is written."""
+    from jemeval.reports.exports import write_exports
+
+    notes: list[str] = []
+    try:
+        result.paths["exports"] = write_exports(result.paths["dir"], formats, metadata=metadata, notes=notes)
+    except UsageError as exc:
+        raise UsageError(f"the report is written to {str(result.paths['dir'])!r}, its export is not: {exc}",
+                         param=exc.param) from None
+    result.extra["export_notes"] = notes
+    return result
 
 
 def labels(m: ModelInfo, size: int) -> dict[str, str]:
