@@ -98,6 +98,11 @@ SIZE_CASES = [
     ("distal --model m.pt --target 3 --n 1000000000000 --device cpu", "GiB before any activation, more than the"),
     ("ood --model m.pt --ood uniform --bootstrap 1000000000 --device cpu", "--bootstrap 1,000,000,000 " + TOO_MANY),
     # the report: the same checks on the resolved options, before any section runs
+    # training: the same ceilings on its SGLD steps, epochs and replay buffer (no run folder made)
+    ("train digits --sgld-steps 1000000000 --out run --device cpu", "--sgld-steps 1,000,000,000 " + TOO_MANY),
+    ("train digits --epochs 1000000000 --out run --device cpu", "--epochs 1,000,000,000 " + TOO_MANY),
+    ("train digits --buffer-size 1000000000000 --out run --device cpu", "--buffer-size 1,000,000,000,000 "
+     + TOO_MANY),
     ("report --model m.pt --out rep --set robust.steps=1000000000 --device cpu",
      "robust.steps: steps 1,000,000,000 " + TOO_MANY),
     ("report --model m.pt --out rep --set robust.eot_samples=1000000000 --device cpu",
@@ -158,7 +163,7 @@ def test_the_ceilings_are_far_above_what_the_presets_and_the_paper_use():
     paper = PRESETS["paper"]["robust"]
     used = {"attack_steps": paper["steps"], "restarts": paper["restarts"], "refine_steps": max(paper["refine_steps"]),
             "sgld_steps": PRESETS["paper"]["samples"]["steps"], "chains": 5, "eot_samples": 20, "draws": 5,
-            "bins": 20, "bootstrap": 2000, "ascent_steps": 200}
+            "bins": 20, "bootstrap": 2000, "ascent_steps": 200, "epochs": 150, "buffer_size": 10_000}
     assert set(used) == set(limits.CEILINGS)
     for kind, value in used.items():
         assert limits.ceiling(kind) >= 50 * value, kind

@@ -39,6 +39,8 @@ CEILINGS: dict[str, tuple[int, str]] = {
     "chains": (10_000, "2,000 x the JEM paper's 5 noisy copies of each refined input"),
     "refine_steps": (100_000, "10,000 x the largest K = 10 of the JEM paper's evaluation"),
     "sgld_steps": (100_000, "1,000 x the 100 SGLD iterations jemeval samples with by default"),
+    "epochs": (100_000, "over 600 x the JEM paper's 150 passes over CIFAR-10"),
+    "buffer_size": (10_000_000, "1,000 x the JEM paper's replay buffer of 10,000 images"),
     "ascent_steps": (100_000, "500 x the 200 gradient-ascent iterations of jemeval distal"),
     "bins": (10_000, "500 x the default 20; even ImageNet's 50,000 validation images leave only 5 per "
                      "interval at 10,000, and the reliability table holds one row per interval in every record"),

@@ -209,19 +209,14 @@ def report(
     ``device`` (default: cuda when available), ``progress`` and ``cache`` are the run's
     :class:`~jemeval.context.RunContext`, which every section runs in.
     ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
-    provenance. ``export`` (openood, robustbench) also writes the leaderboards' files, with the
-    fields only the authors know from ``export_metadata`` (:mod:`jemeval.reports.exports`): an export
-    they would reject is refused before any section runs. Returns a :class:`ReportResult`; files are
-    described in the module docstring (the exports in ``paths["exports"]``, why a cell is '/' in
-    ``extra["export_notes"]``).
+    provenance. ``export``/``export_metadata``: the leaderboards' files, checked before any section
+    runs (:func:`with_exports`). Returns a :class:`ReportResult`; files: the module docstring.
     """
     chosen = resolve_sections(sections)
     infos = describe_groups(models, names)
     dataset = data or common_dataset(infos)
-    overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma,
-                 "refine_steps": refine_steps, "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons,
-                 "attacks": attacks, "data_root": None if context.data_root is None else os.fspath(context.data_root),
-                 "download": context.download or None, "batch_size": context.batch_size}
+    overrides = common_overrides(context, data=data, n=n, input_sigma=input_sigma, refine_steps=refine_steps, ood=ood,
+                                 scores=scores, norm=norm, epsilons=epsilons, attacks=attacks)
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
     formats, metadata = planned_exports(export, export_metadata, infos, dataset=dataset, plan=plan)
     context = context.replace(device=resolve_device(context.device))
@@ -233,18 +228,29 @@ def report(
     prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan,
         "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,
-                    **({"group": m.group} if m.group != m.name else {})} for m in infos]})
-    if config is not None:
-        prov["config"] = dict(config)
-    if formats:
-        prov["settings"]["export"] = {"formats": formats, "metadata": metadata}
+                    **({"group": m.group} if m.group != m.name else {})} for m in infos],
+        **({"export": {"formats": formats, "metadata": metadata}} if formats else {})})
+    prov.update({"config": dict(config)} if config is not None else {})
     if not main:
-        out = folder.path
-        return ReportResult([], prov, extra={"runs": [], "errors": []},  # rank 0's report has everything
-                            paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
-                                   "json": out / "report.json"})
+        return rank_result(folder, prov)
     result = write_report(folder, infos, plan, entries, prov, preset=preset)
     return with_exports(result, formats, metadata) if formats else result
+
+
+def common_overrides(context: RunContext, **given: Any) -> dict[str, Any]:
+    """The common overrides (:data:`jemeval.reports.settings.COMMON`): ``given``, and what the run's
+    context sets (seed, data_root, download, batch_size)."""
+    return {**given, "seed": int(context.seed),
+            "data_root": None if context.data_root is None else os.fspath(context.data_root),
+            "download": context.download or None, "batch_size": context.batch_size}
+
+
+def rank_result(folder: ReportFolder, prov: dict[str, Any]) -> ReportResult:
+    """What a rank other than 0 returns under torchrun: no records (rank 0's report has everything)."""
+    out = folder.path
+    return ReportResult([], prov, extra={"runs": [], "errors": []},
+                        paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
+                               "json": out / "report.json"})
 
 
 def planned_exports(export: str | Sequence[str] | None, metadata: Mapping[str, Any] | None, infos: list[ModelInfo],
@@ -262,8 +268,10 @@ def planned_exports(export: str | Sequence[str] | None, metadata: Mapping[str, A
 
 
 def with_exports(result: ReportResult, formats: list[str], metadata: dict[str, Any]) -> ReportResult:
-    """``result`` once its exports are written (their paths in ``paths["exports"]``); a refused export
-    is one line saying that the report itself is written."""
+    """``result`` once its exports are written (:mod:`jemeval.reports.exports`: ``formats`` openood,
+    robustbench; the fields only the authors know from ``metadata``) into ``paths["exports"]``, and
+    why a cell is '/' into ``extra["export_notes"]``; a refused export is one line saying that the
+    report itself is written."""
     from jemeval.reports.exports import write_exports
 
     notes: list[str] = []

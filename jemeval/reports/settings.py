@@ -34,10 +34,9 @@ from jemeval.evaluation.robust.evaluate import (
     MAX_EPSILON,
     check_counts,
     check_robust_args,
-    check_robust_passes,
+    check_robust_counts,
     robust,
 )
-from jemeval.evaluation.robust.evaluate import check_sweep as robust_sweep
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import _plain
 
@@ -190,8 +189,8 @@ def _robust_counts(options: Mapping[str, Any]) -> None:
         _, ks, modes, _ = check_robust_args(norm, options["refine_steps"], options["grad_mode"], options["attacks"],
                                             chains=options["chains"], draws=options["draws"],
                                             aa_version=options["aa_version"], chain_sigma=options["chain_sigma"])
-        check_robust_passes(ks, modes, chains=options["chains"], restarts=options["restarts"],
-                            sweep=robust_sweep(options["eot_samples"], options["steps"]), steps=options["steps"])
+        check_robust_counts(ks, modes, chains=options["chains"], restarts=options["restarts"],
+                            eot_samples=options["eot_samples"], steps=options["steps"])
 
 
 #: per section, the checks its function makes of its counts before it loads anything

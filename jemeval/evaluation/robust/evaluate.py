@@ -39,9 +39,15 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
-from jemeval.evaluation.limits import check_count, check_memory, check_passes
-from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, native_eot, run_attacks
+from jemeval.evaluation.limits import check_count
+from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
 from jemeval.evaluation.robust.checks import convergence, final_records, mark_converged, sanity_checks
+from jemeval.evaluation.robust.counts import (  # noqa: F401 - check_counts and check_sweep: their old home
+    check_counts,
+    check_defence_memory,
+    check_robust_counts,
+    check_sweep,
+)
 from jemeval.evaluation.robust.threat import check_norm
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, check_options, parse_spec
@@ -180,6 +186,14 @@ def plan_runs(ks: list[int], named: list[tuple[str, Attack]], modes: list[str], 
     return runs
 
 
+def checked_runs(defence: Defence, ks: list[int], variants: list[tuple[str, list[Attack]]], modes: list[str],
+                 inputs: Batches) -> list[Run]:
+    """The planned runs (:func:`plan_runs`) of the attacks built, once the copies each holds at once
+    are known to fit the device (:func:`~jemeval.evaluation.robust.counts.check_defence_memory`)."""
+    runs = plan_runs(ks, [(name, attacks[0]) for name, attacks in variants], modes, defence.stochastic)
+    return check_defence_memory(defence, runs, inputs)
+
+
 def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[float] | None, *, n: int | None,
                   context: RunContext) -> Batches:
     """The seeded test subset on the model's device, and the epsilons (defaults: the norm's list,
@@ -200,32 +214,6 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
-#: robust's counts and the ceiling each is held to (:data:`jemeval.evaluation.limits.CEILINGS`)
-COUNT_KINDS = {"steps": "attack_steps", "eot_samples": "eot_samples", "restarts": "restarts", "chains": "chains",
-               "draws": "draws"}
-
-
-def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | None:
-    """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1 within their
-    ceiling (:mod:`jemeval.evaluation.limits`), distinct, in increasing order (a sweep's verdict
-    compares its last two). None stays None."""
-    if value is None:
-        return None
-    counts = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
-    if not counts:
-        raise UsageError(f"{param} is empty; give a count or a list such as 1,5,10,20", param=param)
-    for c in counts:
-        try:
-            whole = int(c) == c and int(c) >= 1
-        except (TypeError, ValueError, OverflowError):
-            whole = False
-        if not whole:
-            raise UsageError(f"{param} must be whole numbers >= 1 (a count, or a list such as 1,5,10,20), got {c!r}",
-                             param=param)
-        check_count(param, c, COUNT_KINDS.get(param, param))
-    return sorted({int(c) for c in counts})
-
-
 def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: int, draws: int,
                       aa_version: str | None, chain_sigma: float) -> tuple[str, list[int], list[str], list[Any]]:
     """(norm, the distinct K, the gradient modes, the attack specs), every argument of ``robust``
@@ -239,37 +227,6 @@ def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: in
     check_aa_version(aa_version)
     check_min("chain_sigma", float(chain_sigma), 0)
     return norm, ks, modes, specs
-
-
-def check_robust_passes(ks: Sequence[int], modes: Sequence[str], *, chains: int, restarts: int | None,
-                        sweep: dict[str, list[int] | None], steps: int | None) -> None:
-    """The forward-and-backward passes one attack spends on one input at one epsilon, at most
-    restarts x steps x EOT samples x (K x chains + 1), within the ceiling
-    (:func:`~jemeval.evaluation.limits.check_passes`); the counts an attack's own defaults set are
-    not known here and count as 1."""
-    if restarts is not None:
-        check_count("restarts", restarts)
-    if steps is not None and sweep["steps"] is None:
-        check_count("steps", steps, "attack_steps")
-    most_steps = max(sweep["steps"] or [steps or 1])
-    eot = max(sweep["eot_samples"]) if any(m in EOT_MODES for m in modes) else 1
-    k = max(ks)
-    check_passes("steps", (restarts or 1) * most_steps * eot * (k * int(chains) + 1),
-                 f"restarts {restarts or 1} x steps {most_steps} x eot_samples {eot} x (refine_steps {k} x chains "
-                 f"{int(chains)} + 1)")
-
-
-def check_defence_memory(defence: Defence, runs: Sequence[Run], inputs: Batches) -> None:
-    """The copies the refined classifier holds at once (batch x chains x the EOT samples a run draws
-    in one forward, :func:`~jemeval.evaluation.limits.check_memory`) fit the device: checked per
-    planned run before the first attack."""
-    batch = min(inputs.batch_size, len(inputs.x))
-    refined = [r for r in runs if r.refine_steps > 0 or defence.chain_sigma > 0]
-    if not refined or not batch:
-        return
-    eot = max((defence.eot_samples if r.grad_mode in EOT_MODES and not native_eot(r) else 1) for r in refined)
-    check_memory("chains", [("batch_size", batch), ("chains", defence.chains), ("eot_samples", eot)],
-                 inputs.x.shape[1:], inputs.x.device)
 
 
 #: how a sweep's counts are compared (the provenance says so)
@@ -322,8 +279,7 @@ def robust(
     """
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
-    sweep = check_sweep(eot_samples, steps)
-    check_robust_passes(ks, modes, chains=chains, restarts=restarts, sweep=sweep, steps=steps)
+    sweep = check_robust_counts(ks, modes, chains=chains, restarts=restarts, eot_samples=eot_samples, steps=steps)
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
     inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context)
@@ -332,8 +288,7 @@ def robust(
                if v is not None}
     variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
     defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
-    runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
-    check_defence_memory(defence, runs, inputs)
+    runs = checked_runs(defence, ks, variants, modes, inputs)
     outcomes: list[dict[str, Any]] = []
     records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
                                                     inputs, progress=context.progress, outcomes=outcomes)
@@ -351,13 +306,6 @@ def final_outcomes(records: list[dict], outcomes: list[dict]) -> list[dict]:
     records the tables show: a sweep's last counts only (:func:`~jemeval.evaluation.robust.checks.final_records`)."""
     shown = {id(r) for r in final_records(records)}
     return [o for r, o in zip(records, outcomes, strict=True) if id(r) in shown]
-
-
-def check_sweep(eot_samples, steps) -> dict[str, list[int] | None]:
-    """The counts: ``eot_samples`` as a list (one count, or a sweep), ``steps`` as a list when given
-    as one (a sweep), else None: a single ``steps`` goes to the attacks as it always did."""
-    return {"eot_samples": check_counts("eot_samples", eot_samples),
-            "steps": None if steps is None or isinstance(steps, (int, np.integer)) else check_counts("steps", steps)}
 
 
 def attack_variants(specs: list[Any], norm: str, offered: dict[str, Any], steps) -> list[tuple[str, list[Attack]]]:
