@@ -33,6 +33,7 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
+from jemeval.evaluation.limits import check_count, check_memory
 from jemeval.evaluation.metrics import nll as nll_metric
 from jemeval.results import Result
 from jemeval.runtime.shards import batch_seed
@@ -68,17 +69,15 @@ def evaluate(
     [bool per input]}``, the inputs in the seeded subset's order (the report's paired tests).
     """
     steps_list = check_refine_steps(refine_steps)
-    check_min("chains", chains, 1)
+    check_count("chains", chains)
     check_min("chain_sigma", chain_sigma, 0)
     check_input_sigma(input_sigma)
     model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
-    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
-    check_input_shape(model, ds, data)
-    classes = class_alignment(model, ds, data, class_map)
-    ds = subsample(classes.apply(ds), n, context.seed)
-    notes, seen = check_evaluated(model, data, split, ds, context=context)
-
+    ds, classes, notes, seen = evaluated_set(model, data, split, n, class_map, context=context)
+    if any(steps_list) and len(ds):  # K > 0: every input of a batch refined in chains copies at once
+        check_memory("chains", [("batch_size", min(context.batch(DEFAULT_BATCH_SIZE), len(ds))), ("chains", chains)],
+                     model.input_shape, model.device)
     records: list[dict[str, Any]] = []
     per_input: list[dict[str, Any]] = []  # per K, which inputs are classified correctly (paired tests)
     refinement_settings: dict[str, Any] = {}
@@ -99,6 +98,17 @@ def evaluate(
         "batch_size": context.batch(DEFAULT_BATCH_SIZE), "refine_steps": steps_list,
         "refinement": refinement_settings, "dataset_info": getattr(ds, "info", None), "class_map": classes.record,
         **seen}), extra={"per_input": per_input}, notes=([note] if note else []) + notes)
+
+
+def evaluated_set(model, data: str, split: str, n: int | None, class_map: Any, *, context: RunContext):
+    """(the seeded subset of ``data``'s ``split`` with its labels as the model's classes, the class
+    alignment, the notes and provenance of the images the checkpoint has seen among them)."""
+    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
+    check_input_shape(model, ds, data)
+    classes = class_alignment(model, ds, data, class_map)
+    ds = subsample(classes.apply(ds), n, context.seed)
+    notes, seen = check_evaluated(model, data, split, ds, context=context)
+    return ds, classes, notes, seen
 
 
 def accuracy_and_nll(out: BatchOutputs, data: str) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
+from jemeval.evaluation.limits import check_count
 from jemeval.evaluation.metrics import (
     BIN_STRATEGIES,
     DEFAULT_BINS,
@@ -219,6 +220,7 @@ def calibrate(
     run's :class:`~jemeval.context.RunContext` (seed, device, ...). ``extra["per_input"]``: :func:`per_input_outcomes`.
     Figure: :func:`jemeval.plots.calibration.plot_calibration_result`. ``class_map``: :mod:`.classes`."""
     check_min("bins", int(bins), 1)
+    check_count("bins", bins)
     check_input_sigma(input_sigma)
     check_bins_strategy(bins_strategy)
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
@@ -252,10 +254,15 @@ def calibrate(
         records.append(record)
         settings["validation"] = {**val_info, **validation}
         notes += fit_notes + more_notes
-    records = [{k: r[k] for k in SUMMARY_FIRST if k in r} | {k: v for k, v in r.items() if k not in SUMMARY_FIRST}
-               for r in records]
+    records = [summary_first(r) for r in records]
     return Result(records, stamp("calibrate", model, context, settings),
                   extra={"per_input": per_input_outcomes(records, out)}, notes=notes)
+
+
+def summary_first(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with the :data:`SUMMARY_FIRST` keys first (as tables print them)."""
+    return {k: record[k] for k in SUMMARY_FIRST if k in record} | {k: v for k, v in record.items()
+                                                                  if k not in SUMMARY_FIRST}
 
 
 def per_input_outcomes(records: list[dict[str, Any]], out) -> list[dict[str, Any]]:

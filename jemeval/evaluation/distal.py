@@ -23,6 +23,7 @@ from jemeval.energy.model import EnergyModel
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import check_finite_outputs
 from jemeval.evaluation.inputs import check_min, prepare_model, stamp
+from jemeval.evaluation.limits import check_count, check_memory, check_passes
 from jemeval.progress import ProgressArg, progress_bar
 from jemeval.results import Result
 from jemeval.sampling.buffer import uniform_like_shape
@@ -66,14 +67,12 @@ def distal(
     every image's confidence, the mean-confidence trace and the images (``extra["images"]``).
     ``seed``, ``device`` and ``progress``: the run's :class:`~jemeval.context.RunContext`.
     """
+    check_distal_args(n=n, steps=steps, lr=lr, refine_steps=refine_steps, chains=chains, chain_sigma=chain_sigma)
     model, seed = prepare_model(model, context.device), context.seed  # a path loads the checkpoint (hashed)
     targets = check_targets(target, model.num_classes)
-    for name, value, low in (("n", n, 1), ("steps", steps, 0), ("refine_steps", refine_steps, 0),
-                             ("chains", chains, 1)):
-        check_min(name, int(value), low)
-    if not lr > 0:
-        raise UsageError(f"lr must be > 0, got {lr}", param="lr")
-    check_min("chain_sigma", chain_sigma, 0)
+    refined = refine_steps > 0 or chain_sigma > 0  # every image in chains copies at once
+    check_memory("n", [("n", n), ("targets", len(targets))] + ([("chains", chains)] if refined else []),
+                 model.input_shape, model.device)
     sgld = recorded_sgld(model, refine_steps)[0]
     attacked = RefinedClassifier(model, refine_steps, chains=chains, sigma=chain_sigma, sgld=sgld, grad_mode=grad_mode)
     checker = RefinedClassifier(model, refine_steps, chains=chains, sigma=chain_sigma, sgld=sgld,
@@ -99,6 +98,23 @@ def distal(
                "mean_confidence_trace": torch.stack(trace).tolist() if trace else [],
                "images": Images(images.cpu())},
     )
+
+
+def check_distal_args(*, n: int, steps: int, lr: float, refine_steps: int, chains: int, chain_sigma: float) -> None:
+    """Every argument of :func:`distal` but the target, before the model is loaded; the counts within
+    their ceilings, and steps x (K x chains + 1) passes per image within theirs
+    (:mod:`jemeval.evaluation.limits`)."""
+    for name, value, low in (("n", n, 1), ("steps", steps, 0), ("refine_steps", refine_steps, 0),
+                             ("chains", chains, 1)):
+        check_min(name, int(value), low)
+    for name, value, kind, low in (("steps", steps, "ascent_steps", 0), ("refine_steps", refine_steps, None, 0),
+                                   ("chains", chains, None, 1)):
+        check_count(name, value, kind, low=low)
+    check_passes("steps", int(steps) * (int(refine_steps) * int(chains) + 1),
+                 f"steps {int(steps)} x (refine_steps {int(refine_steps)} x chains {int(chains)} + 1)")
+    if not lr > 0:
+        raise UsageError(f"lr must be > 0, got {lr}", param="lr")
+    check_min("chain_sigma", chain_sigma, 0)
 
 
 def optimise(attacked: RefinedClassifier, checker: RefinedClassifier, y: torch.Tensor, *, steps: int, lr: float,

@@ -33,6 +33,7 @@ from jemeval.energy.model import EnergyModel, log_p
 from jemeval.errors import CheckpointError, UsageError, did_you_mean
 from jemeval.evaluation.batching import check_finite_outputs
 from jemeval.evaluation.inputs import check_min, prepare_model, stamp, training_dataset
+from jemeval.evaluation.limits import check_count, check_memory
 from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
 from jemeval.progress import progress_bar
 from jemeval.runtime.shards import batch_generator, map_batches, my_batches
@@ -282,10 +283,12 @@ def sample(
     one record per class plus "all", the settings and the log p~ trace in ``extra``, and the
     :class:`~jemeval.artifacts.Samples` in ``extra["samples"]`` (``save_npz``, ``save_grid``).
     """
+    check_sample_args(init, n, top_confident, steps)
     model = prepare_model(model, context.device)
     seed, batch_size = context.seed, context.batch(DEFAULT_BATCH_SIZE)
-    check_sample_args(init, n, top_confident)
     cls = resolve_classes(classes, model.num_classes)
+    check_memory("n", [("n", n)] + ([("classes", len(cls))] if cls is not None else []), model.input_shape,
+                 model.device)  # every chain's start and end are held whole
     sgld, sgld_source = recorded_sgld(model, DEFAULT_STEPS if steps is None else int(steps), step_size=sgld_step_size,
                                       noise=sgld_noise, clamp=clamp, bn_mode=bn_mode)
     targets = None if cls is None else torch.tensor(cls).repeat_interleave(n)
@@ -308,9 +311,11 @@ def sample(
     return samples_result(model, parts, trace, settings, cls, context)
 
 
-def check_sample_args(init: str, n: int, top_confident: float | None) -> None:
+def check_sample_args(init: str, n: int, top_confident: float | None, steps: int | None = None) -> None:
     check_init(init)
     check_min("n", n, 1)
+    if steps is not None:
+        check_count("steps", steps, "sgld_steps", low=0)
     if top_confident is not None and not 0 < top_confident <= 100:
         raise UsageError(f"top_confident is a percentage in (0, 100], got {top_confident:g}", param="top_confident")
 

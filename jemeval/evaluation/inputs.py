@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from jemeval.context import RunContext
 from jemeval.data import data_hashes, input_shape_of, names_no_path
 from jemeval.errors import UsageError
+from jemeval.evaluation.limits import check_count
 from jemeval.formats.load import load_model
 from jemeval.provenance import provenance
 from jemeval.runtime.devices import resolve_device
@@ -60,13 +61,15 @@ def check_input_sigma(value: float, param: str = "input_sigma") -> float:
 
 
 def check_refine_steps(refine_steps: int | Sequence[int]) -> list[int]:
-    """One number of SGLD refinement steps or a list of them: whole numbers >= 0 (0 = no refinement)."""
+    """One number of SGLD refinement steps or a list of them: whole numbers >= 0 (0 = no refinement),
+    within their ceiling (:mod:`jemeval.evaluation.limits`)."""
     steps = [refine_steps] if isinstance(refine_steps, (int, np.integer)) else list(refine_steps)
     if not steps:
         raise UsageError("refine_steps is empty; give e.g. 0,1,10", param="refine_steps")
     for k in steps:
         if int(k) != k or int(k) < 0:
             raise UsageError(f"refine_steps must be integers >= 0 (0 = no refinement), got {k}", param="refine_steps")
+        check_count("refine_steps", k, low=0)
     return [int(k) for k in steps]
 
 

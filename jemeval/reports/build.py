@@ -30,15 +30,15 @@ from jemeval.evaluation.inputs import recorded_dataset
 from jemeval.formats.load import load_model
 from jemeval.progress import ProgressArg, progress_bar, resolve_progress
 from jemeval.provenance import file_sha256, provenance
+from jemeval.reports.analysis import analyse, labels
 from jemeval.reports.cache import PRODUCTS, REPORT_SCHEMA, Entry, ReportFolder, claim_folder, load_entry, save_entry
-from jemeval.reports.compare import apply_holm, compare, decided
 from jemeval.reports.document import to_html, to_markdown
 from jemeval.reports.figures import draw_figures, is_figure_name
-from jemeval.reports.groups import aggregate, check_distinct_runs, default_names, model_groups, row_key, run_names
-from jemeval.reports.page import ModelInfo, report_blocks, shown_records
+from jemeval.reports.groups import check_distinct_runs, default_names, model_groups, run_names
+from jemeval.reports.page import ModelInfo, report_blocks
 from jemeval.reports.sections import failure, run_section
 from jemeval.reports.settings import resolve_options, resolve_sections, settings_hash
-from jemeval.reports.summary import choices, forward_passes, section_cost, summary_record, summary_values, training_cost
+from jemeval.reports.summary import training_cost
 from jemeval.results import Result
 from jemeval.runtime import distributed as D
 from jemeval.runtime.devices import resolve_device
@@ -240,6 +240,8 @@ def report(
     class_map: Any = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     config: Mapping[str, Any] | None = None,
+    export: str | Sequence[str] | None = None,
+    export_metadata: Mapping[str, Any] | None = None,
     context: RunContext,
 ) -> ReportResult:
     """Evaluate ``models`` (checkpoint paths, or a mapping name -> path) side by side into ``out``.
@@ -252,16 +254,17 @@ def report(
     ``data_root``, ``download``, ``batch_size``, ``device`` (default: cuda when available), ``progress``
     and ``cache`` are the run's :class:`~jemeval.context.RunContext`, which every section runs in.
     ``force`` recomputes cached results. ``config`` (what a ``--config`` file set) is recorded in the
-    provenance. Returns a :class:`ReportResult`; files are described in the module docstring."""
+    provenance. ``export``/``export_metadata``: the leaderboards' files, checked before any section
+    runs (:func:`with_exports`). Returns a :class:`ReportResult`; files: the module docstring.
+    """
     chosen = resolve_sections(sections)
     infos = describe_groups(models, names)
     dataset = data or common_dataset(infos)
     mapping, map_origin = class_map_contents(class_map)
-    overrides = {"data": data, "n": n, "seed": int(context.seed), "input_sigma": input_sigma, "class_map": mapping,
-                 "refine_steps": refine_steps, "ood": ood, "scores": scores, "norm": norm, "epsilons": epsilons,
-                 "attacks": attacks, "data_root": None if context.data_root is None else os.fspath(context.data_root),
-                 "download": context.download or None, "batch_size": context.batch_size}
+    overrides = common_overrides(context, data=data, n=n, input_sigma=input_sigma, refine_steps=refine_steps, ood=ood,
+                                 scores=scores, norm=norm, epsilons=epsilons, attacks=attacks, class_map=mapping)
     plan = resolve_options(preset=preset, sections=chosen, dataset=dataset, overrides=overrides, options=options)
+    formats, metadata = planned_exports(export, export_metadata, infos, dataset=dataset, plan=plan)
     context = context.replace(device=resolve_device(context.device))
     main = rank_and_world()[0] == 0  # under torchrun rank 0 alone writes (the others compute with it)
     with shared_datasets():  # each set loaded once for every (model, section), not once per pair
@@ -270,21 +273,65 @@ def report(
         entries = compute(folder, infos, plan, context, force=force, dataset=dataset)
     prov = provenance(command="report", device=context.device, seed=int(context.seed), settings={
         "preset": preset, "sections": chosen, "data": dataset, "options": plan, "class_map": map_origin,
-        "models": [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,
-                    **({"group": m.group} if m.group != m.name else {})} for m in infos]})
-    if config is not None:
-        prov["config"] = dict(config)
+        "models": model_provenance(infos), **({"export": {"formats": formats, "metadata": metadata}} if formats
+                                              else {})}) | ({"config": dict(config)} if config is not None else {})
     if not main:
-        out = folder.path
-        return ReportResult([], prov, extra={"runs": [], "errors": []},  # rank 0's report has everything
-                            paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
-                                   "json": out / "report.json"})
-    return write_report(folder, infos, plan, entries, prov, preset=preset)
+        return rank_result(folder, prov)
+    result = write_report(folder, infos, plan, entries, prov, preset=preset)
+    return with_exports(result, formats, metadata) if formats else result
 
 
-def labels(m: ModelInfo, size: int) -> dict[str, str]:
-    """The keys naming a run in report.json: its model, and the run itself in a seed group of several."""
-    return {"model": m.model} if size == 1 else {"model": m.model, "run": m.name}
+def model_provenance(infos: list[ModelInfo]) -> list[dict[str, Any]]:
+    """Every run the report read: its name, checkpoint, SHA-256, architecture, dataset and group."""
+    return [{"name": m.name, "checkpoint": m.path, "sha256": m.sha256, "arch": m.arch, "dataset": m.dataset,
+             **({"group": m.group} if m.group != m.name else {})} for m in infos]
+
+
+def common_overrides(context: RunContext, **given: Any) -> dict[str, Any]:
+    """The common overrides (:data:`jemeval.reports.settings.COMMON`): ``given``, and what the run's
+    context sets (seed, data_root, download, batch_size)."""
+    return {**given, "seed": int(context.seed),
+            "data_root": None if context.data_root is None else os.fspath(context.data_root),
+            "download": context.download or None, "batch_size": context.batch_size}
+
+
+def rank_result(folder: ReportFolder, prov: dict[str, Any]) -> ReportResult:
+    """What a rank other than 0 returns under torchrun: no records (rank 0's report has everything)."""
+    out = folder.path
+    return ReportResult([], prov, extra={"runs": [], "errors": []},
+                        paths={"dir": out, "markdown": out / "report.md", "html": out / "report.html",
+                               "json": out / "report.json"})
+
+
+def planned_exports(export: str | Sequence[str] | None, metadata: Mapping[str, Any] | None, infos: list[ModelInfo],
+                    *, dataset: str, plan: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """(the export formats, the metadata as :func:`~jemeval.reports.leaderboards.export_metadata`
+    reads it), checked against the plan before any section runs."""
+    if export is None:
+        return [], {}
+    from jemeval.reports.exports import check_export_plan, export_formats
+    from jemeval.reports.leaderboards import export_metadata as read_metadata
+
+    formats, metadata = export_formats(export), read_metadata(metadata)
+    check_export_plan(formats, metadata, list(dict.fromkeys(m.model for m in infos)), dataset=dataset, plan=plan)
+    return formats, metadata
+
+
+def with_exports(result: ReportResult, formats: list[str], metadata: dict[str, Any]) -> ReportResult:
+    """``result`` once its exports are written (:mod:`jemeval.reports.exports`: ``formats`` openood,
+    robustbench; the fields only the authors know from ``metadata``) into ``paths["exports"]``, and
+    why a cell is '/' into ``extra["export_notes"]``; a refused export is one line saying that the
+    report itself is written."""
+    from jemeval.reports.exports import write_exports
+
+    notes: list[str] = []
+    try:
+        result.paths["exports"] = write_exports(result.paths["dir"], formats, metadata=metadata, notes=notes)
+    except UsageError as exc:
+        raise UsageError(f"the report is written to {str(result.paths['dir'])!r}, its export is not: {exc}",
+                         param=exc.param) from None
+    result.extra["export_notes"] = notes
+    return result
 
 
 def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, dict[str, Any]],
@@ -333,54 +380,3 @@ def write_report(folder: ReportFolder, models: list[ModelInfo], plan: dict[str, 
     result.save_json(folder.target("report.json"))
     result.paths = paths
     return result
-
-
-def analyse(models: list[ModelInfo], plan: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, list[Result]]],
-            entries: dict[tuple[str, str], Entry], *, seed: int) -> dict[str, Any]:
-    """What the report adds to the sections' numbers: each model's (group) records, the paired tests
-    between models (Holm over all of them) and the rows they let the page bold, the cost of every
-    number, and the summary row per model. The keys ``groups``, ``comparisons``, ``summary`` and
-    ``cost`` go into report.json as they are."""
-    groups = list(dict.fromkeys(m.model for m in models))
-    members = {g: [m for m in models if m.model == g] for g in groups}
-    shown = {s: {g: aggregate(s, {m.name: shown_records(s, outcomes[s][m.name]) for m in members[g]
-                                  if m.name in outcomes[s]}) for g in groups
-                 if any(m.name in outcomes[s] for m in members[g])} for s in plan}
-    ran = {s: {g: [m for m in members[g] if m.name in outcomes[s]] for g in shown[s]} for s in plan}
-    comparisons = [c for s in plan for c in compare(
-        s, {g: [outcomes[s][m.name] for m in ms] for g, ms in ran[s].items()}, shown[s], seed=seed,
-        seeds={g: [m.seed for m in ms] for g, ms in ran[s].items()})]
-    apply_holm(comparisons)
-    cost = {"sections": [section_cost(s, m.model, m.name, entries[(m.name, s)].seconds, outcomes[s][m.name])
-                         for s in plan for m in models if m.name in outcomes[s]],
-            "forward_passes": [p for s in ("accuracy", "robust") if s in plan for g in shown[s]
-                               for p in forward_passes(s, g, outcomes[s][members[g][0].name]
-                                                       if members[g][0].name in outcomes[s] else [])],
-            "training": [{**labels(m, len(members[m.model])), **m.training} for m in models]}
-    summary = [summary_row(g, members[g], {s: shown[s].get(g, []) for s in plan}, outcomes, plan, cost)
-               for g in groups]
-    return {"groups": {"models": [{"model": g, "runs": [{"run": m.name, "checkpoint": m.path, "sha256": m.sha256}
-                                                         for m in members[g]]} for g in groups],
-                       "records": [{"section": s, "model": g, **r} for s in plan for g in shown[s]
-                                   for r in shown[s][g] if len(members[g]) > 1]},
-            "comparisons": comparisons, "summary": summary, "cost": cost, "shown": shown,
-            "decided": {s: decided(s, shown[s], comparisons, flagged_rows(s, shown[s])) for s in plan}}
-
-
-def flagged_rows(section: str, shown: dict[str, list[dict[str, Any]]]) -> set[tuple[tuple, str, str]]:
-    """(row, metric, model) of every number a check flagged: never bolded (robust accuracy)."""
-    return {(row_key(section, r), "robust_accuracy", model) for model, records in shown.items() for r in records
-            if r.get("flags")}
-
-
-def summary_row(group: str, runs: list[ModelInfo], shown: dict[str, list[dict[str, Any]]],
-                outcomes: dict[str, dict[str, list[Result]]], plan: dict[str, dict[str, Any]],
-                cost: dict[str, Any]) -> dict[str, Any]:
-    """The group's summary row: choices made on its group records, the numbers read from each run."""
-    choice = choices(shown, plan)
-    section = "robust" if "robust" in plan else "accuracy"
-    passes = {p["refine_steps"]: p["forward_passes"] for p in cost["forward_passes"]
-              if p["model"] == group and p["section"] == section}
-    per_run = [summary_values({s: shown_records(s, outcomes[s][m.name]) for s in plan if m.name in outcomes[s]},
-                              choice, passes, m.training) for m in runs]
-    return summary_record(group, choice, per_run)

@@ -77,7 +77,28 @@ def model_groups(models: Any, names: Sequence[str] | None) -> list[tuple[str, li
         raise UsageError(f"names must differ, got {names}", param="names")
     for name, paths in zip(names, groups):
         check_group(name, paths)
+    check_shared_paths(list(zip(names, groups)), values)
     return list(zip(names, groups))
+
+
+def check_shared_paths(groups: list[tuple[str, list[str]]], given: Sequence[Any] = ()) -> None:
+    """One file in two models (two --model patterns matching it) refused before any checkpoint is
+    read; a copy under another path is found by its SHA-256 (:func:`check_distinct_runs`). ``given``:
+    the --model values the groups came from, quoted in the message when they are patterns."""
+    owner: dict[str, tuple[int, str]] = {}  # resolved path (or model source) -> (group index, path)
+    for i, (name, paths) in enumerate(groups):
+        for p in paths:
+            key = p if is_model_source(p) else os.path.realpath(p)
+            if key in owner and owner[key][0] != i:
+                j, first = owner[key]
+                patterns = [str(given[k]) for k in (j, i) if k < len(given) and isinstance(given[k], (str, os.PathLike))
+                            and any(c in os.fspath(given[k]) for c in GLOB_CHARS)]
+                overlap = f" (the patterns {' and '.join(map(repr, patterns))} overlap)" if len(patterns) == 2 else ""
+                raise UsageError(f"checkpoint {p!r} is in both {groups[j][0]!r} and {name!r}"
+                                 + (f" (also as {first!r})" if first != p else "") + ": a paired test between the two "
+                                 f"would compare that run with itself; give each its own checkpoints{overlap}",
+                                 param="models")
+            owner.setdefault(key, (i, p))
 
 
 def check_group(name: str, paths: list[str]) -> None:
@@ -101,8 +122,12 @@ def run_names(group: str, paths: list[str]) -> list[str]:
 
 
 def check_distinct_runs(groups: Mapping[str, Sequence[Any]]) -> None:
-    """A seed group whose runs are one checkpoint (the same SHA-256 under two paths: a copy) would
-    show a spread of zero it does not have: refused in one line. ``groups``: name -> ModelInfos."""
+    """Every run is another checkpoint: within a seed group, a checkpoint named twice (the same
+    SHA-256 under two paths: a copy) would show a spread of zero it does not have; across models,
+    one checkpoint in two of them would make their paired tests compare a run with itself. Either
+    is refused in one line naming the checkpoint (by path and SHA-256) and the model(s).
+    ``groups``: name -> ModelInfos."""
+    owner: dict[str, tuple[str, str]] = {}  # SHA-256 -> (model, path)
     for name, infos in groups.items():
         seen: dict[str, str] = {}
         for m in infos:
@@ -111,6 +136,15 @@ def check_distinct_runs(groups: Mapping[str, Sequence[Any]]) -> None:
                                  f"(SHA-256 {m.sha256[:16]}...); each run of a seed group must be another training "
                                  "run", param="models")
             seen[m.sha256] = m.path
+        for sha, path in seen.items():
+            if sha in owner:
+                other, other_path = owner[sha]
+                same = ("the same file" if os.path.realpath(path) == os.path.realpath(other_path)
+                        else f"the same checkpoint as {other_path!r}")
+                raise UsageError(f"checkpoint {path!r} is in both {other!r} and {name!r} ({same}, SHA-256 "
+                                 f"{sha[:16]}...): a paired test between the two would compare that run with itself; "
+                                 "give each its own checkpoints", param="models")
+        owner.update({sha: (name, path) for sha, path in seen.items()})
 
 
 # -- the numbers of a group -------------------------------------------------------------------------

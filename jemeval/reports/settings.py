@@ -25,9 +25,18 @@ from typing import Any
 from jemeval.errors import UsageError, did_you_mean
 from jemeval.evaluation.accuracy import evaluate
 from jemeval.evaluation.calibration import calibrate
-from jemeval.evaluation.generation import sample
-from jemeval.evaluation.ood.evaluate import DEFAULT_SCORES, evaluate_ood
-from jemeval.evaluation.robust.evaluate import DEFAULT_EPSILONS, MAX_EPSILON, check_counts, robust
+from jemeval.evaluation.generation import check_sample_args, sample
+from jemeval.evaluation.inputs import check_min, check_refine_steps
+from jemeval.evaluation.limits import check_count
+from jemeval.evaluation.ood.evaluate import DEFAULT_SCORES, check_bootstrap, evaluate_ood
+from jemeval.evaluation.robust.evaluate import (
+    DEFAULT_EPSILONS,
+    MAX_EPSILON,
+    check_counts,
+    check_robust_args,
+    check_robust_counts,
+    robust,
+)
 from jemeval.registry import parse_spec, split_specs
 from jemeval.results import _plain
 
@@ -157,6 +166,7 @@ def resolve_options(*, preset: str, sections: Sequence[str], dataset: str, overr
         if isinstance(robust_options.get("epsilons"), dict):  # per norm: keep the norms that run
             robust_options["epsilons"] = {k: v for k, v in robust_options["epsilons"].items() if k in norms}
         check_sweep(robust_options)
+    check_counts_early(resolved)
     return resolved
 
 
@@ -172,6 +182,42 @@ def check_sweep(options: Mapping[str, Any]) -> None:
             check_counts(key, value)
         except UsageError as exc:
             raise UsageError(f"robust.{key}: {exc} (e.g. robust.{key}=1,4,16)", param="options") from None
+
+
+def _robust_counts(options: Mapping[str, Any]) -> None:
+    """robust's own checks of its counts, per norm, and of the passes they make per input."""
+    for norm in options["norm"]:
+        _, ks, modes, _ = check_robust_args(norm, options["refine_steps"], options["grad_mode"], options["attacks"],
+                                            chains=options["chains"], draws=options["draws"],
+                                            aa_version=options["aa_version"], chain_sigma=options["chain_sigma"])
+        check_robust_counts(ks, modes, chains=options["chains"], restarts=options["restarts"],
+                            eot_samples=options["eot_samples"], steps=options["steps"])
+
+
+#: per section, the checks its function makes of its counts before it loads anything
+#: (:mod:`jemeval.evaluation.limits`), run on the resolved options before any section runs
+EARLY_CHECKS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "accuracy": lambda o: (check_refine_steps(o["refine_steps"]), check_min("chains", o["chains"], 1),
+                           check_count("chains", o["chains"])),
+    "calibration": lambda o: (check_min("bins", o["bins"], 1), check_count("bins", o["bins"])),
+    "ood": lambda o: check_bootstrap(o["bootstrap"], o["level"]),
+    "robust": _robust_counts,
+    "samples": lambda o: check_sample_args(o["init"], o["n"], o["top_confident"], o["steps"]),
+}
+
+
+def check_counts_early(resolved: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every section's counts checked as its function checks them (with its defaults where the
+    options leave one out), before any section runs: ``--set robust.steps=1000000000`` is one line
+    now, not a section that runs for days after the others were computed."""
+    for section, options in resolved.items():
+        defaults = {name: p.default for name, p in inspect.signature(FUNCTIONS[section]).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        try:
+            EARLY_CHECKS[section]({**defaults, **options})
+        except (TypeError, ValueError) as exc:  # a UsageError, or a value of the wrong type
+            param = getattr(exc, "param", None)
+            raise UsageError(f"{section}.{param}: {exc}" if param else f"{section}: {exc}", param="options") from None
 
 
 def robust_norms(norm: str | Sequence[str]) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 from jemeval.data import absolute_spec, declared_splits, load_dataset, to_arrays
 from jemeval.deprecations import moved_names
 from jemeval.errors import JemevalError, UsageError, did_you_mean
+from jemeval.evaluation.limits import check_count
 from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
@@ -237,6 +238,9 @@ class TrainConfig:
         ):
             value = getattr(self, param)
             _need(ok, param, f"{param} must {rule}, got {list(value) if param == 'decay_epochs' else value}")
+        for param, kind in (("epochs", "epochs"), ("sgld_steps", "sgld_steps"), ("inner_steps", "sgld_steps"),
+                            ("buffer_size", "buffer_size")):
+            check_count(param, getattr(self, param), kind, low=0)  # a few zeros too many: refused, not run
 
     def _check_combinations(self) -> None:
         _need(not (self.resume and self.overwrite), "overwrite", RESUME_OR_OVERWRITE)

@@ -21,7 +21,7 @@ def bins_rows(result) -> list[dict]:
 @click.option("--split", default="test", show_default=True, help="Split of --data.")
 @click.option("--bins", type=int, default=20, show_default=True,
               help="Confidence bins B: equal-width for ece/mce/rms/classwise-ece, equal-mass for adaptive-ece and "
-                   "debiased-l2, and the reliability table's (see --bins-strategy).")
+                   "debiased-l2, and the reliability table's (see --bins-strategy); at most 10,000.")
 @click.option("--bins-strategy", type=click.Choice(["uniform", "equal-mass"]), default="uniform", show_default=True,
               help="Bins of the reliability table and --plot: equal-width, or equal-mass (each bin about N/B of the "
                    "sorted confidences; cuts at midpoints, ties go to the lower bin).")

@@ -41,16 +41,34 @@ def parse_value(text: str):
         return text
 
 
+#: the --set prefix of the export metadata (not a section: what the leaderboards want that no section computes)
+EXPORT_SET = "export"
+
+
 def parse_set(values: tuple[str, ...]) -> dict[str, dict]:
-    """('robust.grad_mode=bpda', 'samples.steps=200') -> {'robust': {'grad_mode': 'bpda'}, 'samples': {...}}."""
+    """('robust.grad_mode=bpda', 'samples.steps=200') -> {'robust': {'grad_mode': 'bpda'}, 'samples': {...}}.
+    ``export.[MODEL.]FIELD=VALUE`` keeps the model's name as written (only the field's dashes become
+    underscores) and its value as text unless it is JSON (a title with commas stays one title)."""
     options: dict[str, dict] = {}
     for item in values:
         target, eq, value = item.partition("=")
         section, dot, key = target.strip().partition(".")
         if not (eq and dot and section and key):
             raise UsageError(f"--set takes SECTION.KEY=VALUE (e.g. robust.steps=100), got {item!r}")
+        if section == EXPORT_SET:
+            model, _, field = key.strip().rpartition(".")
+            options.setdefault(section, {})[(model + "." if model else "") + field.replace("-", "_")] = \
+                _json_or_text(value.strip())
+            continue
         options.setdefault(section, {})[key.strip().replace("-", "_")] = parse_value(value.strip())
     return options
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def with_chain_sigma(options: dict[str, dict], chain_sigma: float | None) -> dict[str, dict]:
@@ -113,8 +131,11 @@ def export_option(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print report.json (records + provenance) on stdout.")
 @click.option("--export", "export", default=None, metavar="FORMATS", callback=export_option,
               help="Also write the leaderboards' formats into the report folder, comma-separated: openood "
-                   "(openood.csv, OpenOOD v1.5's columns) and/or robustbench (robustbench-<model>.json, "
-                   "RobustBench's model_info). A value the report does not hold is null, with a note.")
+                   "(openood.csv, OpenOOD v1.5's result file) and/or robustbench (robustbench-<model>-<L2|Linf>.json, "
+                   "RobustBench's model_info). What only the authors know comes from --set export.FIELD=VALUE "
+                   "(name, link, authors, venue, reported, additional_data, outlier_data; export.MODEL.FIELD for one "
+                   "model) or --set export.metadata=FILE (JSON); a file the leaderboard would reject is refused "
+                   "before anything is computed.")
 @class_map_option(help="Map the data's classes to the models' where they differ (accuracy, calibration, robust, "
                        "and ood's detectors fitted on labels): a JSON object or a CSV of 'data class,model class' "
                        "(docs/data.md, class maps).")
@@ -141,6 +162,11 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
     from jemeval.reports.build import report
 
     check_outside_model_caches("--out", out)
+    options = parse_set(options)
+    metadata = options.pop(EXPORT_SET, None)
+    if metadata is not None and not export:
+        raise UsageError("--set export.* gives the leaderboards' metadata, and there is no --export; add --export "
+                         "openood and/or robustbench")
     result = report(
         list(models), names=list(names) or None, out=out, preset=preset, sections=sections, force=force, data=data,
         n=n, input_sigma=input_sigma,
@@ -150,13 +176,10 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
         norm=None if norm is None else split_list(norm, "--norm"),
         epsilons=None if epsilons is None else parse_epsilons(epsilons, "--epsilons"),
         attacks=None if attacks is None else split_attack_specs(attacks), class_map=class_map,
-        options=with_chain_sigma(parse_set(options), chain_sigma), config=config_provenance(), context=context,
+        options=with_chain_sigma(options, chain_sigma), config=config_provenance(), export=export,
+        export_metadata=metadata, context=context,
     )
-    exported = []
-    if export:  # before anything is printed: a refused export is the one line printed
-        from jemeval.reports.exports import write_exports
-
-        exported = write_exports(result.paths["dir"], export)
+    exported = result.paths.get("exports", [])
     if as_json:
         click.echo(result.to_json())
     else:
@@ -165,6 +188,8 @@ def cli(models, names, preset, sections, out, force, data, n, input_sigma, chain
         click.echo(f"wrote {result.paths[key]}", err=True)
     for path in exported:
         click.echo(f"wrote {path}", err=True)
+    for note in result.extra.get("export_notes", []):
+        click.echo(f"note: {note}", err=True)
     if result.extra["errors"]:
         failed = "; ".join(f"{e['model']} / {e['section']}: {e['error']}" for e in result.extra["errors"])
         raise click.ClickException(f"the report was written to {result.paths['dir']}, but "

@@ -55,21 +55,22 @@ def split_attack_specs(value: str) -> list[str]:
 @click.option("--steps", default=None,
               help="Attack iterations (PGD default 40, the paper 100; APGD, FAB, AutoAttack 100; Boundary 1000); a "
                    "list (10,50,100) is a sweep: each count is run on the same inputs and seeds, and a curve is "
-                   "converged only when its last two counts pass --converge-tolerance's paired test.")
+                   "converged only when its last two counts pass --converge-tolerance's paired test. At most 100,000, "
+                   "and restarts x steps x EOT samples x (K x chains + 1) at most 10^9 per input.")
 @click.option("--restarts", type=int, default=None,
-              help="Random restarts of PGD and APGD (default 1; the paper's PGD 20).")
+              help="Random restarts of PGD and APGD (default 1; the paper's PGD 20; at most 1,000).")
 @click.option("--grad-mode", default="full", show_default=True,
               help="How the attacker differentiates through refinement: full, bpda (the release's), eot, bpda+eot "
                    "(eot: averaged over --eot-samples noise draws); a list runs each.")
 @click.option("--draws", type=click.IntRange(min=1), default=1, show_default=True,
               help="Fresh-noise re-checks of every adversarial; an input is robust only if all classify it "
-                   "correctly (use >= 5 with refinement).")
+                   "correctly (use >= 5 with refinement; at most 10,000).")
 @click.option("--chains", type=int, default=5, show_default=True,
-              help="Noisy copies of each input refined and averaged (the paper: 5).")
+              help="Noisy copies of each input refined and averaged (the paper: 5; at most 10,000).")
 @chain_sigma_option(old_sigma=True)
 @click.option("--eot-samples", default="10", show_default=True,
               help="Noise draws averaged per gradient with --grad-mode eot or bpda+eot (APGD's eot_iter); a list "
-                   "(1,5,10,20) is a sweep, judged like a --steps sweep.")
+                   "(1,5,10,20) is a sweep, judged like a --steps sweep. At most 10,000.")
 @click.option("--converge-tolerance", type=float, default=0.01, show_default=True,
               help="A sweep's curve is converged only when its last two counts differ by no significant drop "
                    "(exact McNemar on the inputs broken and regained) and the drop's upper 95%% limit is below this "

@@ -41,6 +41,7 @@ from jemeval.evaluation.batching import (
 )
 from jemeval.evaluation.classes import class_alignment
 from jemeval.evaluation.inputs import check_input_sigma, prepare_model, stamp, training_dataset
+from jemeval.evaluation.limits import check_count
 from jemeval.evaluation.metrics import select_metrics
 from jemeval.evaluation.ood.fit import DetectorFitter, fit_sets
 from jemeval.evaluation.ood.sets import load_id_set, load_ood_sets
@@ -170,6 +171,7 @@ def resolve_metrics(metrics: Sequence[str] | None = None) -> list[tuple[str, Any
 def check_bootstrap(bootstrap: int, level: float) -> None:
     if not bootstrap >= 0:
         raise UsageError(f"bootstrap must be >= 0, got {bootstrap}", param="bootstrap")
+    check_count("bootstrap", bootstrap, low=0)
     if not 0 < level < 1:
         raise UsageError(f"need level in (0, 1) (the confidence level of the intervals), got {level}", param="level")
 

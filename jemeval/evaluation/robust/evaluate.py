@@ -39,9 +39,16 @@ from jemeval.evaluation.inputs import (
     stamp,
     training_dataset,
 )
+from jemeval.evaluation.limits import check_count
 from jemeval.evaluation.robust.attack_loop import Batches, Defence, Run, distortion_curve, run_attacks
 from jemeval.evaluation.robust.checks import record_flags, sanity_checks
 from jemeval.evaluation.robust.convergence import TOLERANCE, check_tolerance, convergence, final_records, mark_converged
+from jemeval.evaluation.robust.counts import (  # noqa: F401 - check_counts and check_sweep: their old home
+    check_counts,
+    check_defence_memory,
+    check_robust_counts,
+    check_sweep,
+)
 from jemeval.evaluation.robust.threat import MAX_EPSILON, check_epsilons, check_norm, epsilon_limit
 from jemeval.plugins import get_registry
 from jemeval.registry import call_with_supported, check_options, parse_spec
@@ -139,6 +146,14 @@ def plan_runs(ks: list[int], named: list[tuple[str, Attack]], modes: list[str], 
     return runs
 
 
+def checked_runs(defence: Defence, ks: list[int], variants: list[tuple[str, list[Attack]]], modes: list[str],
+                 inputs: Batches) -> list[Run]:
+    """The planned runs (:func:`plan_runs`) of the attacks built, once the copies each holds at once
+    are known to fit the device (:func:`~jemeval.evaluation.robust.counts.check_defence_memory`)."""
+    runs = plan_runs(ks, [(name, attacks[0]) for name, attacks in variants], modes, defence.stochastic)
+    return check_defence_memory(defence, runs, inputs)
+
+
 def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[float] | None, *, n: int | None,
                   context: RunContext, class_map: Any = None) -> Batches:
     """The seeded test subset on the model's device, labels as the model's classes (``class_map``), and the
@@ -160,25 +175,6 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
                    context.batch(DEFAULT_BATCH_SIZE), notes=notes, class_map=classes.record)
 
 
-def check_counts(param: str, value: int | Sequence[int] | None) -> list[int] | None:
-    """A count (``eot_samples``, ``steps``) or a sweep of them: whole numbers >= 1, distinct, in
-    increasing order (a sweep's verdict compares its last two). None stays None."""
-    if value is None:
-        return None
-    counts = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
-    if not counts:
-        raise UsageError(f"{param} is empty; give a count or a list such as 1,5,10,20", param=param)
-    for c in counts:
-        try:
-            whole = int(c) == c and int(c) >= 1
-        except (TypeError, ValueError, OverflowError):
-            whole = False
-        if not whole:
-            raise UsageError(f"{param} must be whole numbers >= 1 (a count, or a list such as 1,5,10,20), got {c!r}",
-                             param=param)
-    return sorted({int(c) for c in counts})
-
-
 def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: int, draws: int,
                       aa_version: str | None, chain_sigma: float) -> tuple[str, list[int], list[str], list[Any]]:
     """(norm, the distinct K, the gradient modes, the attack specs), every argument of ``robust``
@@ -187,8 +183,8 @@ def check_robust_args(norm: str, refine_steps, grad_mode, attacks, *, chains: in
     ks = list(dict.fromkeys(check_refine_steps(refine_steps)))
     modes = check_grad_modes([grad_mode] if isinstance(grad_mode, str) else grad_mode)
     specs = attack_specs(attacks)
-    check_min("chains", int(chains), 1)
-    check_min("draws", int(draws), 1)
+    check_count("chains", chains)
+    check_count("draws", draws)
     check_aa_version(aa_version)
     check_min("chain_sigma", float(chain_sigma), 0)
     return norm, ks, modes, specs
@@ -240,11 +236,11 @@ def robust(
     (full and bpda coincide; recorded as ``full``); gradient-free attacks ignore the gradient mode (``none``).
     ``draws``: re-check every adversarial under fresh noise draws; robust only if all classify it correctly
     (>= 5 for a refined model). ``chain_sigma`` (default 0; the JEM release 0.03): noise added to each chain
-    before refinement; ``checkpoint``: gradient checkpointing; ``class_map``: :mod:`jemeval.evaluation.classes`.
-    """
+    before refinement; ``checkpoint``: gradient checkpointing; ``class_map``: :mod:`jemeval.evaluation.classes`."""
     norm, ks, modes, specs = check_robust_args(norm, refine_steps, grad_mode, attacks, chains=chains, draws=draws,
                                                aa_version=aa_version, chain_sigma=chain_sigma)
-    sweep = {**check_sweep(eot_samples, steps), "tolerance": check_tolerance(converge_tolerance)}
+    sweep = {**check_robust_counts(ks, modes, chains=chains, restarts=restarts, eot_samples=eot_samples, steps=steps),
+             "tolerance": check_tolerance(converge_tolerance)}
     model = prepare_model(model, context.device)  # a path loads the checkpoint (its hash goes into provenance)
     data = data or training_dataset(model, param="data")
     inputs = attack_inputs(model, data, norm, epsilons, n=n, context=context, class_map=class_map)
@@ -253,7 +249,7 @@ def robust(
                if v is not None}
     variants = attack_variants(specs, norm, offered, steps if sweep["steps"] is None else sweep["steps"])
     defence = Defence(model, chains, chain_sigma, sgld, sweep["eot_samples"][-1], checkpoint, context.seed, int(draws))
-    runs = plan_runs(ks, [(name, a[0]) for name, a in variants], modes, defence.stochastic)
+    runs = checked_runs(defence, ks, variants, modes, inputs)
     records, min_perturbations, notes = run_attacks(defence, sweep_runs(runs, variants, sweep["eot_samples"]), ks,
                                                     inputs, progress=context.progress, outcomes=(outcomes := []))
     checks, verdicts = judge(records, outcomes, defence, ks, inputs, sweep, notes)
@@ -270,13 +266,6 @@ def final_outcomes(records: list[dict], outcomes: list[dict]) -> list[dict]:
     records the tables show: a sweep's last counts only (:func:`.convergence.final_records`)."""
     shown = {id(r) for r in final_records(records)}
     return [o for r, o in zip(records, outcomes, strict=True) if id(r) in shown]
-
-
-def check_sweep(eot_samples, steps) -> dict[str, list[int] | None]:
-    """The counts: ``eot_samples`` as a list (one count, or a sweep), ``steps`` as a list when given
-    as one (a sweep), else None: a single ``steps`` goes to the attacks as it always did."""
-    return {"eot_samples": check_counts("eot_samples", eot_samples),
-            "steps": None if steps is None or isinstance(steps, (int, np.integer)) else check_counts("steps", steps)}
 
 
 def attack_variants(specs: list[Any], norm: str, offered: dict[str, Any], steps) -> list[tuple[str, list[Attack]]]:
