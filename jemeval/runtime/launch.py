@@ -43,6 +43,14 @@ def quiet_worker() -> bool:
     return os.environ.get(RELAUNCHED_ENV) == "1" and os.environ.get("RANK", "0") != "0"
 
 
+def reports_errors() -> bool:
+    """Whether this process says an error every rank of a launch raised alike: outside a launch, or
+    as the first process of its node (LOCAL_RANK 0). Every node's terminal or log gets the one line
+    once; the node's other processes end with the same exit status, silently. A process that ends
+    with status 0 instead would leave its node's agent waiting for the others at its exit barrier."""
+    return os.environ.get("LOCAL_RANK", "0") in ("", "0")
+
+
 def launched_by_torchrun(nproc: int | None) -> bool:
     """True inside a torchrun worker (then ``nproc``, when given, must agree with its WORLD_SIZE)."""
     world = os.environ.get("WORLD_SIZE")
