@@ -28,7 +28,7 @@ from test_shards import _env, _without_seconds, comparable, jemeval
 
 from jemeval.errors import JemevalError, UsageError
 from jemeval.formats.native import read_checkpoint
-from jemeval.runtime import distributed as D
+from jemeval.runtime import arrival as A
 from jemeval.training import resolve_config, train
 
 TIMEOUT_S = 150  # a hang is a failure, not a stuck CI job
@@ -176,13 +176,13 @@ def test_a_rank_that_stopped_before_joining_is_relayed_not_waited_for():
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # the agent's store
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "t"}
-    assert not D.tell_peers("x", env={}) and not D.tell_peers("x", env={**env, "WORLD_SIZE": "1"})
-    assert not D.tell_peers("x", env={**env, "RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": ""})  # rank 0 hosts it
-    assert D.tell_peers("--n must be >= 1", env=env)
-    assert D.tell_peers("a later line", env=env)  # the first failure is the one reported
+    assert not A.tell_peers("x", env={}) and not A.tell_peers("x", env={**env, "WORLD_SIZE": "1"})
+    assert not A.tell_peers("x", env={**env, "RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": ""})  # rank 0 hosts it
+    assert A.tell_peers("--n must be >= 1", env=env)
+    assert A.tell_peers("a later line", env=env)  # the first failure is the one reported
     started = time.monotonic()
     with pytest.raises(UsageError, match=r"^process 1 of 2 stopped: --n must be >= 1$"):
-        D._arrive(store, 0, 2, env, timeout_s=30)
+        A.arrive(store, 0, 2, env, timeout_s=30)
     with pytest.raises(JemevalError, match=r"only 1 of the launch's 2 processes started within 0.3 s"):
-        D._arrive(store, 0, 2, {**env, "TORCHELASTIC_RESTART_COUNT": "1"}, timeout_s=0.3)  # a restart: new keys
+        A.arrive(store, 0, 2, {**env, "TORCHELASTIC_RESTART_COUNT": "1"}, timeout_s=0.3)  # a restart: new keys
     assert time.monotonic() - started < 10

@@ -173,9 +173,9 @@ def _quiet_worker() -> bool:
 def _tell_peers(message: str) -> None:
     """A torchrun worker that stops before joining its process group (a bad option, a file missing on
     its node) leaves its line for the other ranks, which would otherwise wait for it until the
-    timeout (:func:`jemeval.runtime.distributed.tell_peers`; torch is imported only in a launch)."""
+    timeout (:func:`jemeval.runtime.arrival.tell_peers`; torch is imported only in a launch)."""
     if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):
-        from jemeval.runtime.distributed import tell_peers
+        from jemeval.runtime.arrival import tell_peers
 
         tell_peers(message)
 

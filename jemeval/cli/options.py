@@ -7,7 +7,6 @@ shown with the flag (:func:`jemeval.cli.flag_message`).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -338,17 +337,18 @@ def nproc_option(fn):
     machine through torchrun (gloo on CPU, nccl on CUDA with one GPU per process); the command's
     computation shares its batches out (:mod:`jemeval.runtime.shards`) and gives the records of one
     process. Under ``torchrun -m jemeval ...`` (with or without ``--nproc``) the command runs as one
-    rank (:func:`_as_rank`): rank 0 prints, writes files and reports any rank's error; the others
-    say nothing."""
+    rank (:func:`jemeval.cli.ranks.run_as_rank`): rank 0 prints and writes files, the first process
+    of each node reports an error every rank shares; the others say nothing."""
     @click.option("--nproc", type=click.IntRange(min=1), default=None, metavar="N",
                   help="Run in N processes on this machine (torchrun; gloo on CPU, nccl on CUDA with one GPU "
                        "each), the batches shared out; the same records as one process.")
     @functools.wraps(fn)
     def wrapper(*args, nproc=None, **kwargs):
+        from jemeval.cli.ranks import run_as_rank
         from jemeval.runtime.launch import check_nproc, launched_by_torchrun, relaunch
 
         if launched_by_torchrun(nproc):
-            return _as_rank(fn, args, kwargs)
+            return run_as_rank(fn, args, kwargs, resolve_device(kwargs.get("device")))
         if nproc is not None and nproc > 1:
             check_nproc(nproc, resolve_device(kwargs.get("device")))
             command = click.get_current_context().info_name
@@ -356,44 +356,3 @@ def nproc_option(fn):
         return fn(*args, **kwargs)
 
     return wrapper
-
-
-def _as_rank(fn, args, kwargs):
-    """Run the command as one rank of a torchrun launch: join the process group on this rank's
-    device (``cuda:LOCAL_RANK`` or the CPU); rank 0 runs as usual, the others silently.
-
-    Every rank ends with one exchange of errors (:func:`jemeval.runtime.distributed.raise_any`, the
-    same collective :func:`jemeval.runtime.shards.map_batches` begins with): a rank that fails
-    before or between the shared batches meets the others there, so all ranks stop together and
-    rank 0 alone reports the error, in one line.
-    """
-    from jemeval.runtime.distributed import destroy, join, raise_any
-    from jemeval.runtime.shards import sharded
-
-    ctx = join(resolve_device(kwargs.get("device")))
-    if "device" in kwargs:
-        kwargs["device"] = str(ctx.device)
-    result, error, together = None, None, False
-    try:
-        with contextlib.ExitStack() as quiet:
-            quiet.enter_context(sharded())
-            if not ctx.is_main:
-                null = quiet.enter_context(open(os.devnull, "w"))
-                quiet.enter_context(contextlib.redirect_stdout(null))
-                quiet.enter_context(contextlib.redirect_stderr(null))
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - every rank hears of it below
-                if getattr(exc, "shared", False):
-                    raise
-                error = exc
-            raise_any(error)
-            together = True
-    except Exception as exc:
-        together = getattr(exc, "shared", False)  # every rank raised it from the same exchange
-        if ctx.is_main:
-            raise
-        return None  # rank 0 reports it
-    finally:
-        destroy(synchronize=together)
-    return result

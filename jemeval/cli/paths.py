@@ -165,6 +165,11 @@ def _values(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
+def input_paths(ctx: click.Context) -> list[tuple[str, str, Path]]:
+    """(description, option, path) for every file and folder the parsed command reads."""
+    return list(_input_paths(ctx, [p for p in ctx.command.params if isinstance(p, _PathRole)]))
+
+
 def _input_paths(ctx: click.Context, params: list[_PathRole]) -> Iterator[tuple[str, str, Path]]:
     """(description, option, path) for every file the parsed command reads. A checkpoint's recorded
     training set is never among them: it is used only when it names no path

@@ -20,12 +20,9 @@ world size) is in :mod:`jemeval.training.ddp`.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gc
 import os
-import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from jemeval.errors import JemevalError, UsageError
+from jemeval.runtime import agreement, arrival
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -65,16 +63,6 @@ class DistContext:
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_options)
 
 
-def _env_int(env: Mapping[str, str], key: str) -> int | None:
-    value = env.get(key)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise JemevalError(f"environment variable {key}={value!r} is not an integer") from None
-
-
 def init_from_env(
     *,
     backend: str | None = None,
@@ -88,7 +76,7 @@ def init_from_env(
     process uses ``cuda:LOCAL_RANK``. A launch that cannot work fails here, on every rank, with one line.
     """
     env = os.environ if env is None else env
-    rank, world, local = (_env_int(env, k) for k in ENV_KEYS)
+    rank, world, local = (arrival.env_int(env, k) for k in ENV_KEYS)
     if world is None and rank is None:
         return DistContext()
     if world is None or rank is None:
@@ -110,11 +98,14 @@ def init_from_env(
 def join(device: torch.device) -> DistContext:
     """The launch's context for work on ``device``: gloo processes on CPU, nccl on CUDA (one GPU per
     process, ``cuda:LOCAL_RANK``). A single process (no torchrun variables, or WORLD_SIZE=1) joins
-    nothing. A launch that cannot work is one line (a UsageError)."""
+    nothing. A launch that cannot work is one line (a UsageError; ``shared`` when every rank raises it,
+    as :func:`jemeval.runtime.arrival.arrive` does)."""
     try:
         return init_from_env(backend="nccl" if device.type == "cuda" else "gloo")
     except JemevalError as exc:
-        raise UsageError(str(exc)) from None
+        error = UsageError(str(exc))
+        error.shared = getattr(exc, "shared", False)  # type: ignore[attr-defined]
+        raise error from None
 
 
 def _backend_device(backend: str, local_rank: int) -> torch.device:
@@ -134,110 +125,22 @@ def _backend_device(backend: str, local_rank: int) -> torch.device:
 
 def _join_group(backend: str, rank: int, world: int, env: Mapping[str, str], timeout_s: float) -> None:
     """Join through the launch's store (from ``env``, which may not be os.environ), after every rank
-    arrived (:func:`_arrive`): a rank that failed before joining is one line here, not a wait."""
+    arrived (:func:`jemeval.runtime.arrival.arrive`): a rank that failed before joining, or a rank
+    given another command line than rank 0's, is one line here, not a wait."""
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         if key not in env:
             raise JemevalError(f"{key} is not set: launch with torchrun, or set MASTER_ADDR and MASTER_PORT")
     timeout = datetime.timedelta(seconds=timeout_s)
-    global _JOINING
     try:
-        store = _launch_store(env, rank, world, timeout)
+        store = arrival.launch_store(env, rank, world, timeout)
     except (ImportError, TypeError):  # a torch whose private store helper moved: join as torch does
-        _JOINING = True
+        arrival.joining()
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
                                 init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
         return
-    _arrive(store, rank, world, env, timeout_s)
-    _JOINING = True
+    arrival.arrive(store, rank, world, env, timeout_s, agreement.declared())
+    arrival.joining()
     dist.init_process_group(backend, rank=rank, world_size=world, store=store, timeout=timeout)
-
-
-#: set once this process began joining its process group: a later error is exchanged through the
-#: group (:func:`raise_any`), not announced in the store (:func:`tell_peers`)
-_JOINING = False
-#: set once this process stopped on a peer's error (or on the launch's store closing): nothing to tell
-_HEARD = False
-_ARRIVAL_POLL_S = 0.1
-
-
-def _launch_store(env: Mapping[str, str], rank: int, world: int, timeout: datetime.timedelta) -> Any:
-    """The store at MASTER_ADDR:MASTER_PORT as ``init_process_group`` would open it: torchrun's agent
-    store (every rank a client) or, launched otherwise, hosted by rank 0."""
-    from torch.distributed.rendezvous import _create_c10d_store
-
-    port = _env_int(env, "MASTER_PORT")
-    return _create_c10d_store(env["MASTER_ADDR"], port, rank, world, timeout)
-
-
-def _store_prefix(env: Mapping[str, str]) -> str:
-    """jemeval's keys in the launch's store, per launch attempt (torchrun restarts reuse its store)."""
-    return f"jemeval/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-
-
-def _arrive(store: Any, rank: int, world: int, env: Mapping[str, str], timeout_s: float) -> None:
-    """Wait until all ``world`` ranks arrived, or raise the one line of a rank that stopped before it
-    joined (:func:`tell_peers`: a bad option, a missing file on its node) instead of waiting for it
-    until the timeout. Ranks on other nodes start this together: torchrun's rendezvous gathered the nodes."""
-    global _HEARD
-    prefix = _store_prefix(env)
-    deadline = time.monotonic() + timeout_s
-    with _quiet_native_stderr():  # a store the launch already closed is one line below, not torch's C++ frames
-        try:
-            store.add(prefix + "arrived", 1)
-            while store.add(prefix + "arrived", 0) < world:
-                if store.check([prefix + "failed"]):
-                    _HEARD = True  # a peer's error: not told back to the peers
-                    raise UsageError(store.get(prefix + "failed").decode(errors="replace"))
-                if time.monotonic() > deadline:
-                    count = store.add(prefix + "arrived", 0)
-                    raise JemevalError(f"only {count} of the launch's {world} processes started within "
-                                       f"{timeout_s:g} s: a node that never started or was killed (see its own output)")
-                time.sleep(_ARRIVAL_POLL_S)
-        except (UsageError, JemevalError):
-            raise
-        except Exception:  # noqa: BLE001 - torch's DistNetworkError: the launch closed its store
-            _HEARD = True
-            raise JemevalError("the launch stopped while this process waited for the others to start: another "
-                               "process or node failed (see its own line)") from None
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Send what C++ code writes to file descriptor 2 (torch's store warnings with their stack frames)
-    to /dev/null for the block; Python's own ``sys.stderr`` is flushed first and restored after."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def tell_peers(message: str, env: Mapping[str, str] | None = None) -> bool:
-    """In a torchrun worker that stops before joining its process group: leave ``message`` (its one
-    line) in the launch's store, where the other ranks, waiting for it to arrive (:func:`_arrive`),
-    read it and stop with it instead of waiting until the timeout. Returns whether the message was
-    left; nothing is done in a single process or after the join (then :func:`raise_any` tells)."""
-    env = os.environ if env is None else env
-    try:
-        rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
-    except JemevalError:
-        return False
-    if _JOINING or _HEARD or not world or world < 2 or rank is None or "MASTER_ADDR" not in env \
-            or "MASTER_PORT" not in env:
-        return False  # after the join raise_any tells; a peer's own error is not told back
-    if rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return False  # rank 0 would host the store itself: nobody could read it
-    try:
-        with _quiet_native_stderr():
-            store = _launch_store(env, rank, world, datetime.timedelta(seconds=30))
-            store.compare_set(_store_prefix(env) + "failed", "", f"process {rank} of {world} stopped: {message}")
-    except Exception:  # noqa: BLE001 - no store to tell (rank 0's own store, or the launch is gone)
-        return False
-    return True
 
 
 def available_cpus() -> int:

@@ -43,6 +43,14 @@ def quiet_worker() -> bool:
     return os.environ.get(RELAUNCHED_ENV) == "1" and os.environ.get("RANK", "0") != "0"
 
 
+def reports_errors() -> bool:
+    """Whether this process says an error every rank of a launch raised alike: outside a launch, or
+    as the first process of its node (LOCAL_RANK 0). Every node's terminal or log gets the one line
+    once; the node's other processes end with the same exit status, silently. A process that ends
+    with status 0 instead would leave its node's agent waiting for the others at its exit barrier."""
+    return os.environ.get("LOCAL_RANK", "0") in ("", "0")
+
+
 def launched_by_torchrun(nproc: int | None) -> bool:
     """True inside a torchrun worker (then ``nproc``, when given, must agree with its WORLD_SIZE)."""
     world = os.environ.get("WORLD_SIZE")
@@ -94,30 +102,71 @@ def relaunch(nproc: int, args: list[str], command: str = "train") -> int:
 
 def run_workers(argv: list[str]) -> int:
     """``torch.distributed.run`` with ``argv``; the first failed worker's exit status, and one line
-    only when that worker could not say why itself (a crash or a signal, not a jemeval error)."""
+    only when that worker could not say why itself (a crash or a signal, not a jemeval error).
+    Before it, the rendezvous endpoint is checked and torch's exit barrier replaced
+    (:mod:`jemeval.runtime.rendezvous`): a port another program holds, or a node that left, is one
+    line on every node, and a SIGTERM ends the agent at once."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
+
+    from jemeval.runtime.rendezvous import EndpointTaken, check_endpoint, endpoint_of, install_exit_barrier
 
     logging.disable(logging.ERROR)  # its report is a traceback, its Ctrl-C a warning: the workers say why
     parser = get_args_parser()
     parser.allow_abbrev = False  # else the command's own --n would be taken for the launcher's --nnodes
+    args = parser.parse_args(argv)
     try:
-        run(parser.parse_args(argv))
+        endpoint = endpoint_of(args)
+        if endpoint is not None:
+            check_endpoint(*endpoint)
+        install_exit_barrier()
+        run(args)
     except SignalException:  # Ctrl-C or SIGTERM: the workers were stopped; the parent says so once
         return 130
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+    except EndpointTaken as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a failed worker, a node that left, a failed rendezvous; else raised again
+        return _failed_launch(exc)
+    return 0
+
+
+def _failed_launch(exc: BaseException) -> int:
+    """The exit status of a launch that ended with ``exc``, and its one line where nobody said it:
+    a failed worker's status (silent when the worker explained itself), a node that left, or a
+    rendezvous that failed before the workers started. Closing the rendezvous after a worker failed
+    (another node's agent, the store's host, may be gone) raises again: the worker's failure counts."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    from jemeval.runtime.rendezvous import NodeLeft
+
+    cause = _in_chain(exc, (ChildFailedError, NodeLeft))
+    if isinstance(cause, ChildFailedError):
+        rank, failure = cause.get_first_failure()
         code = failure.exitcode
         if code not in EXPLAINED_EXITS:
             print(f"Error: process {rank} of the launch ended with exit status {code}", file=sys.stderr)
         return code if 0 < code < 256 else 1
-    except RendezvousError as exc:
-        if not _after_the_workers(exc):
-            print(f"Error: the launch's rendezvous failed: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1  # after the workers: another node's launcher closed the store first; the workers said why
-    return 0
+    if isinstance(cause, NodeLeft):
+        print(f"Error: {cause}", file=sys.stderr)
+        return 1
+    if not isinstance(exc, RendezvousError):
+        raise exc
+    if not _after_the_workers(exc):
+        print(f"Error: the launch's rendezvous failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+    return 1  # after the workers: another node's launcher closed the store first; the workers said why
+
+
+def _in_chain(exc: BaseException | None, kinds: tuple[type, ...]) -> BaseException | None:
+    """The first error of one of ``kinds`` in ``exc`` and the errors it was raised while handling."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kinds):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
 
 
 def _after_the_workers(exc: BaseException) -> bool:

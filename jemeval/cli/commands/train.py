@@ -145,6 +145,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
     """
     # the training stack (torch) is imported when the command runs, not when the CLI starts
     from jemeval.cli.paths import check_outside_model_caches
+    from jemeval.cli.ranks import agree_on_command
     from jemeval.runtime.launch import launched_by_torchrun, relaunch
     from jemeval.training import train
     from jemeval.training.config import resolve_config, resume_from
@@ -164,6 +165,7 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
     if nproc is not None and not launched_by_torchrun(nproc):
         check_launch(config, nproc)
         sys.exit(relaunch(nproc, without_nproc(sys.argv[1:])))
+    agree_on_command(ctx)  # under a launch: every node given the same command and files, or one line
     summary = train(config).summary
     interrupted = summary["status"] == "interrupted"
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
