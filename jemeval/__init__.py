@@ -14,7 +14,7 @@ component bases :class:`jemeval.Detector` and :class:`jemeval.Attack` (a score i
 """
 from __future__ import annotations
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from jemeval.components import calibration_metric, ood_metric, pixel_to_model_scale  # noqa: E402
 from jemeval.hookspecs import hookimpl  # noqa: E402

@@ -86,7 +86,7 @@ class Result:
     def __repr__(self) -> str:
         """One line (a notebook or a log shows this, not every record and the whole provenance): the
         kind, the record count and first columns, what produced them, e.g.
-        ``<Result ood: 12 records (score, id, ood, auroc, ...); jemeval 0.2.0, cpu>``."""
+        ``<Result ood: 12 records (score, id, ood, auroc, ...); jemeval 0.3.0, cpu>``."""
         prov = self.provenance if isinstance(self.provenance, dict) else {}
         columns = table_columns(self.records)
         parts = [f"{len(self.records)} record{'' if len(self.records) == 1 else 's'}"]
