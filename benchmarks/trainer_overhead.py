@@ -65,7 +65,7 @@ def build_trainer(out: Path, *, arch: str, batch: int, steps: int, iterations: i
     channels_last, progress (None keeps the trainer's default)."""
     data = write_npz(out / "data.npz", iterations * batch + batch, input_shape, classes, seed)
     config = resolve_config(f"npz:{data}", arch=arch, batch_size=batch, sgld_steps=steps, val_size=batch,
-                            epochs=10 ** 6, lr=PAPER["lr"], warmup_iters=PAPER["warmup_iters"], out=str(out / "run"),
+                            epochs=10 ** 5, lr=PAPER["lr"], warmup_iters=PAPER["warmup_iters"], out=str(out / "run"),
                             device=str(device), grid_every=0, test_eval=False,
                             seed=seed, **switches)
     return Trainer(config)

@@ -72,6 +72,7 @@ def describe(name: str, path: str, group: str | None = None) -> ModelInfo:
     seed = (model.metadata.get("provenance") or {}).get("seed", (model.metadata.get("config") or {}).get("seed"))
     return ModelInfo(name, path, sha256, getattr(model, "arch", None), model.metadata.get("dataset"),
                      group=group or name, training=training_cost(model.metadata), classes=model_classes(model),
+                     input_shape=model.input_shape,
                      seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
 
 
@@ -131,11 +132,13 @@ def check_classes(models: list[ModelInfo], plan: dict[str, dict[str, Any]], data
     map) is refused in one line, not after the others' sections were computed."""
     from jemeval.data import load_dataset
 
+    shapes = {m.input_shape for m in models}
+    shape = {"input_shape": shapes.pop()} if len(shapes) == 1 else {}  # the load the sections share
     for section, key in LABELLED_SECTIONS.items():
         spec = (plan.get(section) or {}).get(key) or dataset
         if section not in plan or not spec:
             continue
-        ds = load_dataset(spec, "test", context.data_root, context.download)
+        ds = load_dataset(spec, "test", context.data_root, context.download, **shape)
         for m in models:
             try:
                 align(m.classes, m.dataset, ds, spec, plan[section].get("class_map"))

@@ -33,6 +33,7 @@ class ModelInfo:
     training: dict[str, Any] = field(default_factory=dict)  # the training cost its checkpoint records
     seed: int | None = None  # the training seed its checkpoint records (runs of two groups pair by it)
     classes: Any = None  # its ClassSpace (jemeval.evaluation.classes): checked against the data before any section
+    input_shape: tuple | None = None  # (C, H, W): the shape the sections load the data at
 
     @property
     def model(self) -> str:

@@ -21,14 +21,9 @@ COLUMNS = ["attack", "norm", "grad_mode", "refine_steps", "epsilon", "robust_acc
 
 
 def split_attack_specs(value: str) -> list[str]:
-    """'pgd:steps=5,restarts=2,boundary' -> ['pgd:steps=5,restarts=2', 'boundary'] (options stay with their attack)."""
-    specs: list[str] = []
-    for item in split_list(value, "--attack"):
-        if specs and "=" in item and ":" not in item:
-            specs[-1] += "," + item
-        else:
-            specs.append(item)
-    return specs
+    """'pgd:steps=5,restarts=2,boundary' -> ['pgd:steps=5,restarts=2', 'boundary']: the shared spec
+    splitter keeps an item ``key=value`` with the spec before it."""
+    return split_list(value, "--attack")
 
 
 @click.command("robust", cls=Command)

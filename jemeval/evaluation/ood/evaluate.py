@@ -139,7 +139,7 @@ def fit_scores(model, score_fns: list[ScoreFn], *, id_name: str, test_sets: Sequ
     sets = fit_sets(model, id_name, fit_on=fit_on, fit_n=fit_n, tune=tune_on is not None, split=split,
                     context=context)
     info: dict[str, Any] = {"fit_data": sets.info}
-    if any(s.detector and getattr(s.fn, "needs_labels", False) for s in score_fns):
+    if any(s.detector and s.fn.needs_labels for s in score_fns):
         classes = class_alignment(model, sets.fit, fit_on or id_name, class_map)
         sets.fit, info["class_map"] = classes.apply(sets.fit), classes.record
     fitter = DetectorFitter(model, sets, context=context)
