@@ -30,8 +30,8 @@ from jemeval.atomic import write_text_atomic
 from jemeval.plots.grids import grid_image
 from jemeval.progress import LineBar, stderr_is_terminal
 from jemeval.runtime.launch import quiet_worker
-from jemeval.training.checkpointing import EpochStats, RunPosition
 from jemeval.training.loggers import Loggers, open_loggers
+from jemeval.training.position import EpochStats, RunPosition
 
 COLUMNS = (
     "epoch", "step", "train_acc", "val_acc", "loss", "loss_pyx", "loss_px", "loss_pxy", "loss_l2",
@@ -113,7 +113,7 @@ class Reporter:
     def epoch_row(self, position: RunPosition, means: dict[str, float], *, val_acc: float | None, lr: float,
                   sgld_steps: int, seconds: float, rate: float | None) -> dict[str, Any]:
         """The row of the epoch just completed (``means``: its pooled means, see
-        :meth:`.checkpointing.EpochStats.means`), also sent to the loggers as ``epoch/<column>``."""
+        :meth:`.position.EpochStats.means`), also sent to the loggers as ``epoch/<column>``."""
         row = self.metrics.add(
             epoch=position.epoch, step=position.step, train_acc=means["train_acc"], val_acc=val_acc,
             loss=means["loss"], loss_pyx=means["pyx"], loss_px=means["px"], loss_pxy=means["pxy"],
