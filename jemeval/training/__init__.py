@@ -13,9 +13,9 @@ seeding, wired), splits (validation split, labelled subset, the images of each i
 iteration), objectives (loss terms), augment (tensor-level augmentation), position (where the run
 stands: RunPosition, EpochStats), checkpointing (what last.pt and best.pt hold, random states; resume
 and rollback), divergence (detection, the recovery ladder), reporting (metrics.csv, progress bar,
-stderr), loggers (the log_to sinks), visuals (sample grids), summary (the result), ddp (what changes
-under DDP). 0.2's module paths feed, launch, metrics_log, recovery, runstate, schedule, session, state
-and stopping keep importing for one release.
+stderr), timeleft (the time left on the progress line), loggers (the log_to sinks), visuals (sample
+grids), summary (the result), ddp (what changes under DDP). 0.2's module paths feed, launch,
+metrics_log, recovery, runstate, schedule, session, state and stopping keep importing for one release.
 """
 from __future__ import annotations
 
