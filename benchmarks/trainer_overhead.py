@@ -41,9 +41,9 @@ from timing import add_common_args, header, interleave, setup, sync
 
 from jemeval.training import ddp, splits
 from jemeval.training import trainer as trainer_module
-from jemeval.training.checkpointing import EpochStats
 from jemeval.training.config import resolve_config
 from jemeval.training.divergence import DivergenceMonitor
+from jemeval.training.position import EpochStats
 from jemeval.training.recipes import PAPER
 from jemeval.training.reporting import Reporter
 from jemeval.training.trainer import StopRequest, Trainer, opened, run_rate

@@ -101,17 +101,20 @@ class LineBar(ProgressBar):
     starts, one when its description changes (the next step of the same stage), one when it ends
     (done/total and seconds; with ``end_line=False`` the caller writes its own). Counts and notes in
     between print nothing: a log gets a few lines per stage, never a bar redrawn with carriage
-    returns. A stage that ends by an exception says nothing more (the error is the one line)."""
+    returns; a caller whose stage runs long may add a :meth:`status` line now and then (``start_note``
+    is the same text on the start line). A stage that ends by an exception says nothing more (the
+    error is the one line)."""
 
     #: as a disabled tqdm bar: callers that would refresh a bar's text (a host sync) skip it
     disable = True
 
-    def __init__(self, total: int, desc: str, *, unit: str = "it", initial: int = 0, end_line: bool = True) -> None:
+    def __init__(self, total: int, desc: str, *, unit: str = "it", initial: int = 0, end_line: bool = True,
+                 start_note: str = "") -> None:
         self.total, self.desc, self.unit, self.done = int(total), desc or "progress", unit, int(initial)
         self.stage, self.end_line, self.closed = self.desc, end_line, False
         self.started = time.perf_counter()
         done = f"{self.done}/" if self.done else ""
-        self._line(f"{self.desc}: {done}{self.total} {unit} ...")
+        self._line(f"{self.desc}: {done}{self.total} {unit} ...{f' ({start_note})' if start_note else ''}")
 
     def _line(self, text: str) -> None:
         print(f"{LINE_PREFIX}{text}", file=sys.stderr, flush=True)
@@ -121,6 +124,10 @@ class LineBar(ProgressBar):
 
     def update(self, n: int = 1) -> None:
         self.done += n
+
+    def status(self, text: str) -> None:
+        """A line in the middle of the stage: the count so far, the seconds, and ``text``."""
+        self._line(f"{self.desc}: {self.done}/{self.total} {self.unit}, {self._seconds()} ({text})")
 
     def describe(self, text: str) -> None:
         if text and text != self.stage:

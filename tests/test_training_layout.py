@@ -28,8 +28,8 @@ from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
 from jemeval.training import resolve_config, train
 from jemeval.training import trainer as trainer_module
-from jemeval.training.checkpointing import EpochStats, RunPosition
 from jemeval.training.parts import seed_everything
+from jemeval.training.position import EpochStats, RunPosition
 from jemeval.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +42,12 @@ MOVED = {
     "launch": {"check_launch": "rundir"},
     "metrics_log": {"COLUMNS": "reporting", "MetricsLog": "reporting"},
     "recovery": {"check": "divergence", "check_validation": "divergence"},
-    "runstate": {"STAT_KEYS": "checkpointing", "EpochStats": "checkpointing", "Progress": "checkpointing:RunPosition"},
+    "runstate": {"STAT_KEYS": "position", "EpochStats": "position", "Progress": "position:RunPosition"},
     "schedule": {"learning_rate": "trainer", "run_rate": "trainer", "schedule_warning": "trainer"},
     "session": {"Session": "trainer", "opened": "trainer"},
     "state": {"capture_rng": "checkpointing", "restore_rng": "checkpointing", "reseed": "parts:seed_everything"},
     "stopping": {"StopRequest": "trainer"},
-    "config": {"resume_path": "checkpointing"},
+    "config": {"resume_path": "checkpointing", "resume_from": "checkpointing"},  # 0.3's resume_from too
 }
 CASES = [(old, name, new) for old, names in MOVED.items() for name, new in names.items()]
 
@@ -111,9 +111,9 @@ def test_no_code_of_jemeval_or_its_benchmarks_imports_an_old_path():
             else:
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in sorted(names & old_paths)]
-        offenders += [f"{path.relative_to(ROOT)} resume_path" for node in ast.walk(ast.parse(path.read_text()))
+        offenders += [f"{path.relative_to(ROOT)} {a.name}" for node in ast.walk(ast.parse(path.read_text()))
                       if isinstance(node, ast.ImportFrom) and node.module == "jemeval.training.config"
-                      and any(a.name == "resume_path" for a in node.names)]
+                      for a in node.names if a.name in MOVED["config"]]
     assert offenders == []
 
 

@@ -262,7 +262,7 @@ def test_commands_print_stage_lines_into_a_captured_stderr(folder):
     force one), robust and report print their stages."""
     res = invoke("sample", "--model", "m.pt", "--n", "2", "--steps", "3", "--out", "g.png")
     assert res.exit_code == 0, res.stderr
-    _assert_stage_lines(res.stderr, "SGLD: 3 step ...", "SGLD: 3/3 step in ")
+    _assert_stage_lines(res.stderr, "SGLD: 6 chain-step ...", "SGLD: 6/6 chain-step in ")  # 2 chains x 3 steps
     res = invoke(*NOISE_CASES["robust"][0].split())
     assert res.exit_code == 0, res.stderr
     _assert_stage_lines(res.stderr, "robust: 2 batch ...", "robust: pgd K=1 full ...", "robust: 2/2 batch in ")
@@ -293,7 +293,8 @@ def test_a_real_pipe_gets_lines_not_a_bar(folder, command):
                           capture_output=True, text=True, timeout=300, cwd=folder,  # stderr: a pipe
                           env={**os.environ, "JEMEVAL_DEBUG": "0"})
     assert proc.returncode == 0, proc.stderr
-    _assert_stage_lines(proc.stderr, "SGLD: 3/3 step in " if command.startswith("sample") else "robust: 2/2 batch in ")
+    ended = "SGLD: 6/6 chain-step in " if command.startswith("sample") else "robust: 2/2 batch in "
+    _assert_stage_lines(proc.stderr, ended)
     assert "it/s" not in proc.stderr and "%|" not in proc.stderr  # no tqdm bar
 
 

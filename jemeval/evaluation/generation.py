@@ -14,12 +14,17 @@ SGLD defaults come from the checkpoint (``config["sgld"]``, written by ``jemeval
 has them, otherwise from the JEM release (step size 1.0, noise 0.01, no clamping, eval mode). The
 number of steps defaults to :data:`DEFAULT_STEPS`: training chains are short because they persist
 in the buffer; a chain started afresh needs more.
+
+The work is counted in *chain-steps* (one SGLD update of one chain): ``chains x steps`` in all, the
+same however the chains are batched. The plan (:func:`chain_plan`) is fixed before the first step;
+``on_plan`` hears it then (``jemeval sample`` says it in one line), the progress counts its
+chain-steps and the result's settings record it (``settings["plan"]``).
 """
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,7 @@ from jemeval.evaluation.inputs import check_min, prepare_model, stamp, training_
 from jemeval.evaluation.limits import check_count, check_memory
 from jemeval.formats.native import check_finite, read_checkpoint, replay_buffer_of
 from jemeval.progress import progress_bar
-from jemeval.runtime.shards import batch_generator, map_batches, my_batches
+from jemeval.runtime.shards import batch_generator, map_batches, my_share
 from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
 from jemeval.sampling.recorded import recorded_sgld
 from jemeval.sampling.sgld import SGLD
@@ -134,6 +139,27 @@ def chain_starts(model: EnergyModel, n: int, targets: torch.Tensor | None, init:
 
 
 # -- the sampler loop --------------------------------------------------------------------------
+def chain_plan(chains: int, classes: int | None, steps: int, batch_size: int) -> dict[str, Any]:
+    """What ``sample`` will run: ``chains`` chains (``classes`` x n per class, or n unconditional ones:
+    ``classes`` None) of ``steps`` SGLD steps each, ``batch_size`` at a time. The same in any number of
+    processes (under ``--nproc`` each runs a share of the batches, and its progress counts that share:
+    :func:`jemeval.runtime.shards.my_share` chains times ``steps``)."""
+    return {"chains": chains, "classes": classes, "per_class": None if classes is None else chains // classes,
+            "steps": steps, "chain_steps": chains * steps, "batch_size": batch_size,
+            "batches": math.ceil(chains / batch_size)}
+
+
+def checked_plan(model: EnergyModel, x0: torch.Tensor, classes: list[int] | None, sgld: SGLD, batch_size: int,
+                 on_plan: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    """The last check (the chain starts' logits, :func:`check_starts`), then the plan, told to
+    ``on_plan``: after it nothing is refused, so the announcement never precedes a refusal."""
+    check_starts(model, x0, batch_size)
+    plan = chain_plan(len(x0), None if classes is None else len(classes), sgld.steps, batch_size)
+    if on_plan is not None:
+        on_plan(plan)
+    return plan
+
+
 def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.Tensor | None, *,
                context: RunContext) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Run SGLD from ``x0`` in batches of chains; returns (the samples and what the model says about
@@ -143,11 +169,11 @@ def run_chains(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, targets: torch.
     the batches can run in any process (:func:`jemeval.runtime.shards.map_batches`) and give the
     samples of one process. The trace is summed in batch order, as one process would. Non-finite
     samples or log p~ (a model whose finite weights overflow) stop with one line naming the batch.
+    The progress counts chain-steps (this process's: all of them outside ``--nproc``).
     """
     n, steps, seed, batch_size = len(x0), sgld.steps, context.seed, context.batch(DEFAULT_BATCH_SIZE)
     n_batches = math.ceil(n / batch_size)
-    check_starts(model, x0, batch_size)
-    with progress_bar(context.progress, steps * len(my_batches(n_batches)), "SGLD", unit="step") as bar:
+    with progress_bar(context.progress, steps * my_share(n, batch_size), "SGLD", unit="chain-step") as bar:
         def one(b: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             part = slice(b * batch_size, (b + 1) * batch_size)
             y = None if targets is None else targets[part]
@@ -177,8 +203,8 @@ def chain_batch(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, y: torch.Tenso
                 generator: torch.Generator, bar) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of chains (on the CPU) and its mean log p~ trace (steps + 1 values, on the CPU).
 
-    The steps run in chunks so that the progress moves during long chains; a chunk's trace ends
-    where the next one begins.
+    The steps run in chunks so that the progress (in chain-steps) moves during long chains; a chunk's
+    trace ends where the next one begins.
     """
     device, steps = model.device, sgld.steps
     chunk = max(1, math.ceil(steps / _PROGRESS_CHUNKS))
@@ -190,7 +216,7 @@ def chain_batch(model: EnergyModel, sgld: SGLD, x0: torch.Tensor, y: torch.Tenso
         x, tr = sgld.sample(model, x, y, steps=k, generator=generator, return_trace=True)
         parts.append(tr if done + k == steps else tr[:-1])
         done += k
-        bar.update(k)
+        bar.update(k * len(x))
         if done >= steps:
             break
     return x.detach().cpu(), torch.cat(parts).cpu()
@@ -269,6 +295,7 @@ def sample(
     replay_buffer: torch.Tensor | None = None,
     data: str | None = None,
     top_confident: float | None = None,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
     context: RunContext,
 ) -> SamplesResult:
     """Draw samples from a JEM by SGLD (see the module docstring).
@@ -282,6 +309,8 @@ def sample(
     ``progress`` and ``data_root``: the run's :class:`~jemeval.context.RunContext`. Returns a Result:
     one record per class plus "all", the settings and the log p~ trace in ``extra``, and the
     :class:`~jemeval.artifacts.Samples` in ``extra["samples"]`` (``save_npz``, ``save_grid``).
+    ``on_plan(plan)`` is called once every argument has been checked, before the first SGLD step,
+    with the :func:`chain_plan` (chains, steps, chain-steps, batches); the progress counts chain-steps.
     """
     check_sample_args(init, n, top_confident, steps)
     model = prepare_model(model, context.device)
@@ -295,6 +324,7 @@ def sample(
     total = n if cls is None else n * len(cls)
     x0, init_info = chain_starts(model, total, targets, init, torch.Generator().manual_seed(seed),
                                  replay_buffer=replay_buffer, data=data, context=context)
+    plan = checked_plan(model, x0, cls, sgld, batch_size, on_plan)
     parts, trace = run_chains(model, sgld, x0, targets, context=context)
     parts["target"] = torch.full((total,), -1, dtype=torch.long) if targets is None else targets
     if top_confident is not None:
@@ -307,6 +337,7 @@ def sample(
         "init": init, "init_details": init_info, "sgld": sgld.settings(), "sgld_defaults_from": sgld_source,
         "top_confident": top_confident, "top_confident_rule": TOP_CONFIDENT_RULE if top_confident else None,
         "n_generated": total, "n_kept": len(parts["x"]), "batch_size": batch_size, "seed": seed, "seed_use": SEED_USE,
+        "plan": plan,
     }
     return samples_result(model, parts, trace, settings, cls, context)
 

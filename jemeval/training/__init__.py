@@ -10,9 +10,10 @@ Modules, one job each: trainer (the run top to bottom: entering it, the learning
 the loop, rollbacks), config (settings, resume rules), recipes (defaults), rundir (the run folder:
 lock, no silent replacement, cleanup, pre-launch checks), parts (data, model, optimizer, buffer,
 seeding, wired), splits (validation split, labelled subset, the images of each iteration), step (one
-iteration), objectives (loss terms), augment (tensor-level augmentation), checkpointing (what last.pt
-and best.pt hold: the RunPosition, random states; resume and rollback), divergence (detection, the
-recovery ladder), reporting (metrics.csv, progress bar, stderr), loggers (the log_to sinks), visuals (sample
+iteration), objectives (loss terms), augment (tensor-level augmentation), position (where the run
+stands: RunPosition, EpochStats), checkpointing (what last.pt and best.pt hold, random states; resume
+and rollback), divergence (detection, the recovery ladder), reporting (metrics.csv, progress bar,
+stderr), timeleft (the time left on the progress line), loggers (the log_to sinks), visuals (sample
 grids), summary (the result), ddp (what changes under DDP). 0.2's module paths feed, launch,
 metrics_log, recovery, runstate, schedule, session, state and stopping keep importing for one release.
 """
@@ -21,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jemeval.training.config import TrainConfig, resolve_config, resume_config, resume_from
+from jemeval.training.checkpointing import resume_from
+from jemeval.training.config import TrainConfig, resolve_config, resume_config
 from jemeval.training.recipes import DATASET_DEFAULTS, RECIPES, dataset_defaults
 from jemeval.training.summary import TrainResult
 from jemeval.training.trainer import Trainer

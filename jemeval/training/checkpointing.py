@@ -6,7 +6,7 @@ resume or a rollback puts them back.
 
 * ``state_dict``, ``replay_buffer`` (every rank's chains, in rank order), ``config`` (:func:`config_record`),
   ``provenance``;
-* ``training_state`` (:func:`training_state`): the :class:`RunPosition` (epoch, batch, step, best epoch,
+* ``training_state`` (:func:`training_state`): the :class:`~.position.RunPosition` (epoch, batch, step, best epoch,
   recoveries, adjustments, elapsed time), the optimizer, the metrics.csv rows, the schedule's settings,
   the world size, and per rank (``ranks`` under DDP, the top level in one process) the data positions,
   the unreduced epoch sums and every random state (:func:`capture_rng`).
@@ -15,92 +15,34 @@ resume or a rollback puts them back.
 under DDP (every rank joins the gathers, then waits for the file). Weights come back through
 :func:`jemeval.formats.native.load_state`, which refuses non-finite values. Checkpoints written by
 0.1 and 0.2 have this layout and resume as they are.
+
+Reading a last.pt for a resume is here too, the configuration that continues it included
+(:func:`resume_from`): :mod:`.config` checks settings and reads no file, so it imports nothing of
+this module, whose writers take the run's :class:`~.parts.Parts` (built from a config).
 """
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from jemeval.data import absolute_spec
 from jemeval.errors import UsageError
 from jemeval.formats.native import load_state, read_checkpoint, save_checkpoint
 from jemeval.provenance import provenance
+from jemeval.registry import parse_spec
 from jemeval.runtime import distributed as D
 from jemeval.training import ddp
+from jemeval.training.config import RESUME_OR_OVERWRITE, TrainConfig, resume_config
 from jemeval.training.divergence import Adjustments
+from jemeval.training.position import EpochStats, RunPosition
 
 if TYPE_CHECKING:
     from jemeval.training.parts import Parts
-
-STAT_KEYS = ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample", "correct")
-
-
-# -- where the run stands ---------------------------------------------------------------------------
-class EpochStats:
-    """Running sums of one epoch's iteration statistics, kept on the device (no per-iteration sync)."""
-
-    def __init__(self, device: torch.device, saved: dict | None = None) -> None:
-        self.sums = torch.zeros(len(STAT_KEYS), dtype=torch.float32, device=device)
-        self.iterations = 0
-        self.images = 0  # labelled images seen (a host counter: batch sizes are known)
-        self.seconds = 0.0
-        if saved:
-            self.sums = torch.tensor([saved["sums"][k] for k in STAT_KEYS], dtype=torch.float32, device=device)
-            self.iterations, self.images = int(saved["iterations"]), int(saved["images"])
-            self.seconds = float(saved["seconds"])
-
-    def add(self, stats: dict[str, torch.Tensor], images: int) -> None:
-        self.sums += torch.stack([stats[k].float() for k in STAT_KEYS])
-        self.iterations += 1
-        self.images += images
-
-    def means(self, *, pooled: bool = False) -> dict[str, float]:
-        """Per-iteration means and the training accuracy; ``pooled`` averages over every rank
-        (a collective under DDP: every rank must call it) and counts every rank's images."""
-        sums, images = ddp.reduce_sums(self.sums, self.images) if pooled else (self.sums, self.images)
-        values = dict(zip(STAT_KEYS, sums.cpu().tolist()))
-        world = D.dist.get_world_size() if pooled and D.active() else 1
-        it = max(self.iterations, 1) * world
-        out = {k: values[k] / it for k in ("loss", "pyx", "px", "pxy", "l2", "e_data", "e_sample")}
-        out["train_acc"] = values["correct"] / images if images else float("nan")
-        out["images"] = images
-        return out
-
-    def state(self) -> dict:
-        return {"sums": dict(zip(STAT_KEYS, self.sums.cpu().tolist())), "iterations": self.iterations,
-                "images": self.images, "seconds": self.seconds}
-
-
-@dataclass
-class RunPosition:
-    """Where the run stands: everything that changes while training (the other parts are built once,
-    :mod:`.parts`). Saved whole in last.pt, so a resumed run continues exactly where it stopped."""
-
-    stats: EpochStats  # the epoch in progress
-    epoch: int = 0  # completed epochs
-    batch: int = 0  # iterations done in the current epoch
-    step: int = 0  # global iteration counter
-    perm: torch.Tensor | None = None  # this rank's order of the epoch's images (None: not drawn yet)
-    lab_perm: torch.Tensor | None = None  # the current cycle through the labelled images (semi-supervised)
-    lab_pos: int = 0  # position in that cycle
-    best_val_acc: float | None = None
-    best_epoch: int | None = None
-    recoveries: int = 0
-    adjustments: Adjustments = field(default_factory=Adjustments)
-    elapsed: float = 0.0  # training seconds over every session of the run
-
-    def next_epoch(self) -> None:
-        """Count the epoch in progress as done; the next one draws a new order and new sums."""
-        self.epoch += 1
-        self.batch = 0
-        self.perm = None
-        self.stats = EpochStats(self.stats.sums.device)
-
 
 # -- random states: a resumed run draws the same numbers as the uninterrupted one -------------------
 def capture_rng(generator: torch.Generator | None = None) -> dict[str, Any]:
@@ -289,6 +231,23 @@ def stored_metrics(checkpoint: dict) -> list[dict]:
 def stored_config(checkpoint: dict) -> dict[str, Any]:
     """The configuration record a last.pt was written with (what a resume continues)."""
     return checkpoint["config"]
+
+
+def resume_from(dataset: str, **given: Any) -> TrainConfig:
+    """The config that continues the run in ``given["out"]`` (default ``runs/DATASET``).
+
+    ``given`` holds only what the caller set explicitly: everything else comes from the stored run,
+    and an explicit setting that differs from it is an error (see :func:`.config.resume_config`).
+    """
+    if given.get("overwrite"):
+        raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
+    out = given.get("out") or f"runs/{parse_spec(dataset).name}"
+    stored = stored_config(load_resume_checkpoint(out))
+    dataset = absolute_spec(dataset)  # as TrainConfig records it
+    if stored.get("dataset") not in (None, dataset):
+        raise UsageError(f"resume=True: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}",
+                         param="resume")
+    return resume_config(stored, **{**given, "out": str(out)})
 
 
 def saved_world_size(checkpoint: dict) -> int | None:

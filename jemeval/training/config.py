@@ -22,7 +22,6 @@ from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
 from jemeval.training.augment import parse_augment
-from jemeval.training.checkpointing import load_resume_checkpoint, stored_config
 from jemeval.training.loggers import check_loggers
 from jemeval.training.recipes import (
     DATASET_DEFAULTS,
@@ -362,22 +361,7 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     return config.replace(**changes).validate()
 
 
-def resume_from(dataset: str, **given: Any) -> TrainConfig:
-    """The config that continues the run in ``given["out"]`` (default ``runs/DATASET``).
-
-    ``given`` holds only what the caller set explicitly: everything else comes from the stored run,
-    and an explicit setting that differs from it is an error (see :func:`resume_config`).
-    """
-    if given.get("overwrite"):
-        raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
-    out = given.get("out") or f"runs/{parse_spec(dataset).name}"
-    stored = stored_config(load_resume_checkpoint(out))
-    dataset = absolute_spec(dataset)  # as TrainConfig records it
-    if stored.get("dataset") not in (None, dataset):
-        raise UsageError(f"resume=True: the run in {str(out)!r} is on {stored.get('dataset')!r}, not {dataset!r}",
-                         param="resume")
-    return resume_config(stored, **{**given, "out": str(out)})
-
-
-#: 0.2's path of a name that moved (it keeps working from here for one release, with a warning)
-__getattr__ = moved_names(__name__, {"resume_path": "jemeval.training.checkpointing"})
+#: names that moved (0.2's resume_path, 0.3's resume_from): they keep working from here for one release, with a
+#: warning; resume_from reads last.pt, so it lives with the checkpoint's other readers (config imports none of them)
+__getattr__ = moved_names(__name__, {"resume_path": "jemeval.training.checkpointing",
+                                     "resume_from": "jemeval.training.checkpointing"})

@@ -17,7 +17,7 @@ same on every rank and dealt out (:func:`jemeval.runtime.distributed.shard_indic
 b-th batches together are the single-process run's b-th batch (:func:`epoch_order`, :func:`batch`).
 In a semi-supervised run the p(x) term takes that batch and the cross-entropy cycles through seeded
 permutations of the labelled images instead (:func:`next_labelled`). The positions live in the
-:class:`~.checkpointing.RunPosition`, so a resume continues mid-epoch with the same images.
+:class:`~.position.RunPosition`, so a resume continues mid-epoch with the same images.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from jemeval.runtime.distributed import DistContext
 from jemeval.seen_images import all_seen, dataset_notes, overlap, some_seen
 
 if TYPE_CHECKING:
-    from jemeval.training.checkpointing import RunPosition
+    from jemeval.training.position import RunPosition
 
 #: Training sets larger than this stay in host memory and are copied per batch.
 MAX_DEVICE_BYTES = 4 * 1024**3

@@ -15,8 +15,9 @@ from jemeval.data import load_dataset, no_test_split_note, to_arrays
 from jemeval.errors import JemevalError
 from jemeval.evaluation.accuracy import accuracy_on_arrays
 from jemeval.results import Result
-from jemeval.training.checkpointing import RunPosition, config_record, load_weights, run_provenance
+from jemeval.training.checkpointing import config_record, load_weights, run_provenance
 from jemeval.training.parts import Parts
+from jemeval.training.position import RunPosition
 from jemeval.training.reporting import MetricsLog
 
 

@@ -5,7 +5,7 @@ the rollback when the run diverges. Every other job is one call away, in the mod
 
 * :mod:`.parts`          data, model, optimizer, replay buffer, the seeding, the iteration (:mod:`.step`)
 * :mod:`.splits`         the training data, and which images each iteration trains on
-* :mod:`.checkpointing`  what last.pt / best.pt hold (the :class:`~.checkpointing.RunPosition`, random
+* :mod:`.checkpointing`  what last.pt / best.pt hold (the :class:`~.position.RunPosition`, random
   states), and restoring them
 * :mod:`.divergence`     detecting a divergence, and the ladder of remedies
 * :mod:`.reporting`      metrics.csv, the progress bar, stderr, loggers; :mod:`.summary` the result
@@ -40,8 +40,6 @@ from jemeval.runtime.devices import resolve_device
 from jemeval.runtime.distributed import DistContext
 from jemeval.training import ddp, rundir
 from jemeval.training.checkpointing import (
-    EpochStats,
-    RunPosition,
     load_resume_checkpoint,
     restore,
     save_best,
@@ -53,6 +51,7 @@ from jemeval.training.checkpointing import (
 from jemeval.training.config import TrainConfig, derive_from_data, resume_config
 from jemeval.training.divergence import Divergence, check, check_validation
 from jemeval.training.parts import build, make_step, seed_everything
+from jemeval.training.position import EpochStats, RunPosition
 from jemeval.training.reporting import Reporter
 from jemeval.training.splits import batch, epoch_order
 from jemeval.training.summary import TrainResult, summarize

@@ -41,13 +41,33 @@ def sampling_options(fn):
     return fn
 
 
-def sample_from_options(model_path: str, context, **opts):
+def sample_from_options(model_path: str, context, on_plan=None, **opts):
     """Call :func:`jemeval.evaluation.generation.sample` with the parsed click options in the command's
     run context (progress on stderr: a bar on a terminal, stage lines in a pipe, never a bar drawn into
-    a pipe)."""
+    a pipe); ``on_plan`` as ``sample``'s."""
     from jemeval.evaluation.generation import sample
 
-    return sample(model_path, context=context, **opts)
+    return sample(model_path, context=context, on_plan=on_plan, **opts)
+
+
+def chains_text(plan: dict) -> str:
+    """``40 chains (10 classes x 4) x 7 SGLD steps = 280 chain-steps``: the count the announcement, the
+    progress (in chain-steps) and the summary share."""
+    per_class = f" ({plan['classes']} classes x {plan['per_class']})" if plan["classes"] else ""
+    chains = f"{plan['chains']} chains{per_class}"
+    return f"{chains} x {plan['steps']} SGLD steps = {plan['chain_steps']} chain-steps"
+
+
+def announce_plan(plan: dict) -> None:
+    """The line said before the first SGLD step: how many chains and steps will run, and how (under
+    ``--nproc``: how many this process runs, what its progress counts)."""
+    from jemeval.runtime.shards import my_share
+
+    batches = plan["batches"]
+    here = my_share(plan["chains"], plan["batch_size"]) * plan["steps"]
+    share = f"; {here} of them in this process" if here != plan["chain_steps"] else ""
+    click.echo(f"jemeval sample: {chains_text(plan)}, in {batches} batch{'es' if batches != 1 else ''} of up to "
+               f"{plan['batch_size']} chains{share}", err=True)
 
 
 def describe_samples(result) -> str:
@@ -55,7 +75,7 @@ def describe_samples(result) -> str:
     trace, s = result.extra["log_p_trace"], result.extra["settings"]
     kept = (f"; kept top {s['top_confident']:g}% confident: {s['n_kept']} of {s['n_generated']}"
             if s["top_confident"] else "")
-    return (f"{s['mode']} samples ({s['ascends']}), init {s['init']}, {s['sgld']['steps']} SGLD steps; "
+    return (f"{s['mode']} samples ({s['ascends']}), init {s['init']}, {chains_text(s['plan'])}; "
             f"mean {s['ascends']} {trace['first']:.3g} -> {trace['last']:.3g}{kept}")
 
 
@@ -81,7 +101,7 @@ def cli(model_path, grid_path, per_row, npz_path, as_json, csv_path, as_markdown
     """
     from jemeval.plots.grids import save_samples_grid
 
-    result = sample_from_options(model_path, context, **opts)
+    result = sample_from_options(model_path, context, on_plan=announce_plan, **opts)
     samples = result.extra["samples"]
     write_files(result, (grid_path, lambda _, path: save_samples_grid(samples, path, per_row=per_row)),
                 (npz_path, lambda _, path: samples.save_npz(path)))

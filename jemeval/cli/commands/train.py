@@ -148,7 +148,8 @@ def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs
     from jemeval.cli.ranks import agree_on_command
     from jemeval.runtime.launch import launched_by_torchrun, relaunch
     from jemeval.training import train
-    from jemeval.training.config import resolve_config, resume_from
+    from jemeval.training.checkpointing import resume_from
+    from jemeval.training.config import resolve_config
     from jemeval.training.rundir import check_launch
 
     if dataset is None and not print_config:
