@@ -75,6 +75,7 @@ def test_a_tuned_allocator_hands_memory_back_only_once_it_has_grown(monkeypatch)
     assert [memory.keep_memory_flat() for _ in range(6)] == [False, False, False, True, False, True]
     monkeypatch.setattr(memory, "_STATE", {"allocator": "default"})  # glibc's defaults: every time
     assert memory.keep_memory_flat() is True and len(trims) == 3
+    assert memory.keep_memory_flat(default_allocator=False) is False and len(trims) == 3  # the trainer: never
 
 
 @glibc

@@ -88,14 +88,15 @@ def allocator_setting() -> dict[str, object]:
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _STATE.items()}
 
 
-def keep_memory_flat() -> bool:
+def keep_memory_flat(default_allocator: bool = True) -> bool:
     """Called every :data:`TRIM_EVERY` batches of a gradient pass and at the end of every pass: hand the
     heap's free pages back (:func:`release_freed_memory`) so that memory stays flat in N. With glibc's
     defaults, always (as before). With the allocator tuned, only when the resident memory has grown
     past :data:`GROWTH` times its first reading in this process: a trim makes the next batch fault
-    in again the pages it handed back, which is the kernel time tuning saves. Returns whether it trimmed."""
+    in again the pages it handed back, which is the kernel time tuning saves. ``default_allocator=False``
+    (the trainer): nothing with glibc's defaults, whose training memory is flat. Returns whether it trimmed."""
     if _STATE.get("allocator") != "glibc":
-        return release_freed_memory()
+        return release_freed_memory() if default_allocator else False
     rss = resident_bytes()
     if rss is None:
         return release_freed_memory()

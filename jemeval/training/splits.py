@@ -8,9 +8,11 @@ train split held out (:func:`jemeval.data.split_indices`). The checkpoint record
 
 Both are drawn with ``split_seed`` (default 1234), not the run's ``seed``, so runs with different
 seeds are compared on the same validation images and the same labelled examples, as in the JEM
-release (its validation split of 5,000 images also used a fixed seed). The whole training set is
-held as one tensor on the training device (when it fits), so batches are index slices: no
-DataLoader, no host-device copies per iteration.
+release (its validation split of 5,000 images also used a fixed seed). Images kept as stored (an
+npz: uint8, memory-mapped) stay so, and each batch's rows are converted when it is drawn
+(:class:`~jemeval.stored_images.StoredRows`: the same floats, 4x less memory, flat in N when mapped);
+any other set is held as one float tensor on the training device (when it fits). Either way batches
+are index slices: no DataLoader.
 
 An epoch is ``n // batch_size`` iterations over a (seed, epoch) permutation of the training set, the
 same on every rank and dealt out (:func:`jemeval.runtime.distributed.shard_indices`), so the ranks'
