@@ -71,7 +71,10 @@ def write_sets(folder: Path, n: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     x_id = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     y_id = rng.integers(0, CLASSES, n)
     x_ood = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-    np.savez(folder / "id.npz", x_test=x_id, y_test=y_id)
+    # a train split too, as a user's ID file has (ood compares the OOD images with it; main f3ec869 refuses an
+    # npz OOD set whose ID file has no train split, a bug reported beside issue 37)
+    np.savez(folder / "id.npz", x_test=x_id, y_test=y_id, x_train=rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, CLASSES, n))
     np.savez(folder / "ood.npz", x=x_ood)
 
     def scaled(x: np.ndarray) -> torch.Tensor:
