@@ -44,8 +44,9 @@ def test_derived_sets_equal_the_old_whole_build_bit_for_bit(base, npz_file, tmp_
 
         rng = np.random.default_rng(1)
         for i in range(11):
-            (tmp_path / "imgs" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 256, (7, 7, 3), dtype=np.uint8)).save(tmp_path / "imgs" / f"c{i % 2}" / f"{i}.png")
+            folder = tmp_path / "imgs" / f"c{i % 2}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (7, 7, 3), dtype=np.uint8)).save(folder / f"{i}.png")
         base = f"folder:{tmp_path / 'imgs'}"
     split = "train" if base.startswith("folder") else "test"
     source = load_dataset(base, split)
