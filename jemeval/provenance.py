@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from jemeval.runtime.devices import device_description
+from jemeval.runtime.memory import allocator_setting
 from jemeval.runtime.shards import rank_and_world
 
 
@@ -43,6 +44,7 @@ def provenance(
         "torch_version": str(torch.__version__),  # a TorchVersion would not load with weights_only
         "python_version": sys.version.split()[0],
         "platform": platform.platform(),
+        "allocator": allocator_setting(),  # runtime/memory.py: glibc's mallopt settings, or why none
         **device_description(device),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -195,6 +195,36 @@ class StoredImages(Dataset):
         return self.rows(np.asarray([int(i)]))[0], int(self.y[int(i)])
 
 
+class StoredRows:
+    """Rows ``rows`` of a :class:`StoredImages` (all of them for None), indexed like the float tensor of
+    those images: ``held[idx]`` (an int tensor or array, any order) converts just those images
+    (:meth:`StoredImages.rows`). What training holds instead of its whole set as float: the images
+    stay as stored (an npz's uint8, memory-mapped), 4x less than float32 and flat in N when mapped,
+    and each batch is the float values a whole conversion would have given, bit for bit."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, base: StoredImages, rows: np.ndarray | None = None) -> None:
+        self.base = base
+        self.rows = np.arange(len(base), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        self.shape = (len(self.rows), *base.input_shape)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        idx = idx.cpu().numpy() if torch.is_tensor(idx) else np.asarray(idx)
+        return self.base.rows(self.rows[idx.astype(np.int64)])
+
+    def select(self, idx: np.ndarray) -> StoredRows:
+        """The rows ``idx`` of these, still as stored (a split carved out of a set)."""
+        return StoredRows(self.base, self.rows[np.asarray(idx, dtype=np.int64)])
+
+    def dataset(self) -> Dataset:
+        """These images, with the base's labels, as a dataset the batch loop reads batch by batch."""
+        return Subset(self.base, self.rows.tolist())
+
+
 def stored_rows(ds: Dataset) -> tuple[StoredImages, np.ndarray | None] | None:
     """(the :class:`StoredImages` under ``ds``, the rows of it ``ds`` holds in order, None for all) when
     ``ds`` is one, or a chain of subsets of one (torch's ``Subset``, which :func:`jemeval.data.take`

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from jemeval.builtins.file_datasets import _tv_transform, folder, npz
-from jemeval.data import ArrayDataset, load_dataset, to_arrays
+from jemeval.data import ArrayDataset, check_arrays, load_dataset
+from jemeval.derived_images import constant_images, interpolated_images
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.hookspecs import hookimpl
 from jemeval.stored_images import generated_images
@@ -154,8 +155,9 @@ def uniform(split, root, download, *, input_shape=None, n: int = 1000, seed: int
 
 def constant(split, root, download, *, input_shape=None, n: int = 1000, value: float = -1.0):
     """Constant images, every pixel ``value`` (default -1, as in the VERA code)."""
-    x = torch.full((int(n), *_shape(input_shape, "constant")), float(value))
-    return ArrayDataset(x, name="constant", info={"n": int(n), "value": float(value)})
+    shape = _shape(input_shape, "constant")
+    check_arrays(torch.full((1, *shape), float(value)), None, "constant")  # a value outside [-1, 1] is refused
+    return constant_images(int(n), shape, float(value), name="constant", info={"n": int(n), "value": float(value)})
 
 
 def gaussian(split, root, download, *, input_shape=None, n: int = 1000, seed: int = 0, std: float = 1.0):
@@ -172,15 +174,7 @@ def interp(split, root, download, *, variant: str | None = None, base: str | Non
     if not base:
         raise UsageError("name the dataset to interpolate, e.g. interp:digits")
     source = load_dataset(base, split, root, download)
-    x, _ = to_arrays(source)
-    g = torch.Generator().manual_seed(int(seed))
-    perm = torch.randperm(len(x), generator=g)
-    same = perm == torch.arange(len(x))
-    perm[same] = (perm[same] + 1) % len(x)  # never pair an image with itself
-    ds = ArrayDataset((x + x[perm]) / 2, name="interp", info={"base": base, "seed": int(seed)})
-    if hasattr(source, "splits"):
-        ds.splits = source.splits
-    return ds
+    return interpolated_images(source, int(seed), name="interp", info={"base": base, "seed": int(seed)})
 
 
 @hookimpl

@@ -26,9 +26,11 @@ from torch.utils.data import ConcatDataset
 from jemeval.builtins.datasets import _check_split, _torchvision
 from jemeval.builtins.file_datasets import IMAGE_SUFFIXES, ImageFiles, _read_image, _resize_to, _tv_transform
 from jemeval.builtins.image_files import Listing, list_images, skipped_note
-from jemeval.data import ArrayDataset, load_dataset, to_arrays
+from jemeval.data import load_dataset
+from jemeval.derived_images import derived_images
 from jemeval.errors import DatasetNotFoundError, UsageError
 from jemeval.hookspecs import hookimpl
+from jemeval.stored_images import StoredImages
 
 #: the file-based sets: name -> what to put in DATA_ROOT/<name>
 FILE_SETS = {
@@ -40,17 +42,14 @@ FILE_SETS = {
 DTD_SPLITS = ("train", "val", "test")
 
 
-def _transformed(name: str, split, root, download, variant, base, transform, info) -> ArrayDataset:
+def _transformed(name: str, split, root, download, variant, base, transform, info) -> StoredImages:
+    """BASE's images through ``transform``, drawn batch by batch from BASE's rows (its splits kept)."""
     base = variant or base
     if not base:
         raise UsageError(f"name the dataset to transform, e.g. {name}:digits")
     ds = load_dataset(base, split, root, download)
-    x, y = to_arrays(ds)
-    out = ArrayDataset(transform(x), y, num_classes=getattr(ds, "num_classes", None), name=name,
-                       info={"base": base, **info}, validate=False)
-    if hasattr(ds, "splits"):
-        out.splits = ds.splits  # rotate:npz:FILE has no test split when FILE has none
-    return out
+    return derived_images(ds, transform, name=name, info={"base": base, **info},
+                          num_classes=getattr(ds, "num_classes", None))
 
 
 def rotate(split, root, download, *, variant: str | None = None, base: str | None = None, k: int = 1):

@@ -248,6 +248,12 @@ def cli():
 
 
 def main(argv=None) -> int:
+    """The ``jemeval`` program (console script, ``python -m jemeval``): the process's allocator is set up
+    for batch loops first (:func:`jemeval.runtime.memory.tune_allocator`; not when ``cli`` is invoked
+    inside another program, whose allocator is its own)."""
+    from jemeval.runtime.memory import tune_allocator
+
+    tune_allocator()  # keep a batch's buffers: no CPU time lost in the kernel (docs/performance.md)
     try:
         return cli.main(args=argv, prog_name="jemeval", standalone_mode=True)
     except KeyboardInterrupt:  # pragma: no cover - interactive

@@ -38,6 +38,7 @@ from jemeval.evaluation.metrics import nll as nll_metric
 from jemeval.results import Result
 from jemeval.runtime.shards import batch_seed
 from jemeval.seen_images import check_evaluated
+from jemeval.stored_images import StoredRows
 
 
 @deprecated_keywords(renamed={"sigma": "input_sigma", "step_size": "sgld_step_size", "noise": "sgld_noise"})
@@ -154,7 +155,7 @@ def _chain_streams(classifier, seed: int):
     return lambda b: generator.manual_seed(batch_seed(int(seed) + 1, b))
 
 
-def accuracy_on_arrays(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = DEFAULT_BATCH_SIZE,
+def accuracy_on_arrays(model, x: torch.Tensor | StoredRows, y: torch.Tensor, *, batch_size: int = DEFAULT_BATCH_SIZE,
                        sigma: float = 0.0, seed: int = 0) -> float | None:
     """Top-1 accuracy of ``model`` on tensors (x, y), None for an empty set (the trainer's validation
     and test accuracy). Inputs get N(0, sigma^2) noise from a generator seeded with ``seed``;
@@ -165,6 +166,7 @@ def accuracy_on_arrays(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: i
 
     if len(x) == 0:
         return None
-    out = run_batches(model, ArrayDataset(x, y), sigma=sigma, context=RunContext(seed=seed, batch_size=batch_size,
+    ds = x.dataset() if isinstance(x, StoredRows) else ArrayDataset(x, y)  # images kept as stored: read per batch
+    out = run_batches(model, ds, sigma=sigma, context=RunContext(seed=seed, batch_size=batch_size,
                                                                                 progress=False), check_finite=False)
     return float((out.logits.argmax(1) == out.labels).mean())

@@ -40,13 +40,11 @@ from jemeval.plugins import get_registry
 from jemeval.progress import progress_bar
 from jemeval.registry import check_options, option_defaults, parse_spec
 from jemeval.runtime.devices import resolve_device
-from jemeval.runtime.memory import release_freed_memory
+from jemeval.runtime.memory import TRIM_EVERY, keep_memory_flat
 from jemeval.runtime.shards import map_items, my_share
 from jemeval.sampling.sgld import frozen
 
 DEFAULT_BATCH_SIZE = 256
-#: batches between two hand-backs of freed memory in a gradient pass (:mod:`jemeval.runtime.memory`)
-TRIM_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -233,12 +231,13 @@ def run_batches(
                     "labels": y.long()}, **_batch_summaries(logits, features))
         bar.update(x.shape[0])
         if need.grad and b % TRIM_EVERY == TRIM_EVERY - 1:
-            release_freed_memory()  # the gradient pass's freed buffers, else peak memory grows with N
+            keep_memory_flat()  # the gradient pass's freed buffers, else peak memory grows with N
         return {k: v.detach().cpu() for k, v in out.items() if v is not None}
 
     total = my_share(len(dataset), batch_size)  # this process's images (all of them in one process)
     with progress_bar(context.progress, total, desc or "", unit="img") as bar, frozen(model, train=False):
         done = map_items(one, noisy_batches(dataset, batch_size, device, sigma, context.seed, context.workers))
+    keep_memory_flat()  # the pass's buffers, before the next pass (another set, another shape) fragments them
     settings = {"sigma": float(sigma), "noise_seed": int(context.seed) if sigma > 0 else None,
                 "batch_size": int(batch_size)}
     return _gather(done, model, dataset, scores, check_finite=check_finite, keep_logits=keep_logits,

@@ -8,9 +8,11 @@ train split held out (:func:`jemeval.data.split_indices`). The checkpoint record
 
 Both are drawn with ``split_seed`` (default 1234), not the run's ``seed``, so runs with different
 seeds are compared on the same validation images and the same labelled examples, as in the JEM
-release (its validation split of 5,000 images also used a fixed seed). The whole training set is
-held as one tensor on the training device (when it fits), so batches are index slices: no
-DataLoader, no host-device copies per iteration.
+release (its validation split of 5,000 images also used a fixed seed). Images kept as stored (an
+npz: uint8, memory-mapped) stay so, and each batch's rows are converted when it is drawn
+(:class:`~jemeval.stored_images.StoredRows`: the same floats, 4x less memory, flat in N when mapped);
+any other set is held as one float tensor on the training device (when it fits). Either way batches
+are index slices: no DataLoader.
 
 An epoch is ``n // batch_size`` iterations over a (seed, epoch) permutation of the training set, the
 same on every rank and dealt out (:func:`jemeval.runtime.distributed.shard_indices`), so the ranks'
@@ -42,6 +44,7 @@ from jemeval.errors import JemevalError, UsageError
 from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
 from jemeval.seen_images import all_seen, dataset_notes, overlap, some_seen
+from jemeval.stored_images import StoredRows, stored_rows
 
 if TYPE_CHECKING:
     from jemeval.training.position import RunPosition
@@ -52,10 +55,10 @@ MAX_DEVICE_BYTES = 4 * 1024**3
 
 @dataclass
 class TrainingData:
-    x: torch.Tensor  # training images (validation images removed)
+    x: torch.Tensor | StoredRows  # training images (validation images removed); an npz's as stored
     y: torch.Tensor  # their labels
     labelled: torch.Tensor | None  # indices of the labelled images (None: all are labelled)
-    x_val: torch.Tensor
+    x_val: torch.Tensor | StoredRows
     y_val: torch.Tensor
     num_classes: int
     input_shape: tuple[int, ...]
@@ -95,18 +98,18 @@ def prepare_data(config, device: torch.device) -> TrainingData:
         val_size = default_val_size(len(ds)) if config.val_size is None else int(config.val_size)
         tr, va = split_indices(len(ds), val_size, config.split_seed)
     info = {**dict(getattr(ds, "info", {}) or {}), **check_other_splits(config, ds, None if own_val else (tr, va))}
-    x, y = to_arrays(ds, config.workers)
+    x, y = held_images(ds, config.workers)
     if len(x) == 0:
         raise UsageError(f"dataset {config.dataset!r} has no training images")
     if (y < 0).all():
         raise UsageError(f"dataset {config.dataset!r} has no labels; jemeval train needs labelled images")
     num_classes = num_classes_of(ds)
     if own_val:
-        x_val, y_val = to_arrays(load_dataset(config.dataset, "val", root=config.data_root, download=config.download),
-                                 config.workers)
+        x_val, y_val = held_images(load_dataset(config.dataset, "val", root=config.data_root,
+                                                download=config.download), config.workers)
         tr, info["val_split"] = np.arange(len(x)), "val"
     else:
-        x_val, y_val = x[torch.from_numpy(va)], y[torch.from_numpy(va)]
+        x_val, y_val = _pick(x, va), y[torch.from_numpy(va)]
     labels = y.numpy()[tr]
     labelled = None
     if config.labels_per_class is not None:
@@ -115,14 +118,29 @@ def prepare_data(config, device: torch.device) -> TrainingData:
     elif (labels < 0).any():
         raise UsageError(f"dataset {config.dataset!r} has unlabelled training images; set labels_per_class to "
                          "the number of labels to keep per class", param="labels_per_class")
-    data_device = device if x.numel() * 4 <= MAX_DEVICE_BYTES else torch.device("cpu")
-    tr_t = torch.from_numpy(tr)
+    stored = isinstance(x, StoredRows)  # read and converted a batch at a time, on the host
+    data_device = device if not stored and x.numel() * 4 <= MAX_DEVICE_BYTES else torch.device("cpu")
     return TrainingData(
-        x=x[tr_t].to(data_device), y=y[tr_t].to(data_device),
+        x=_pick(x, tr) if stored else _pick(x, tr).to(data_device), y=y[torch.from_numpy(tr)].to(data_device),
         labelled=None if labelled is None else labelled.to(data_device),
-        x_val=x_val.to(data_device), y_val=y_val.to(data_device),
+        x_val=x_val if isinstance(x_val, StoredRows) else x_val.to(data_device), y_val=y_val.to(data_device),
         num_classes=num_classes, input_shape=tuple(input_shape_of(ds)), info=info,
     )
+
+
+def held_images(ds, workers: int = 0) -> tuple[torch.Tensor | StoredRows, torch.Tensor]:
+    """(images, labels) of ``ds`` as training holds them: images kept as stored (an npz, or a subset of
+    one) stay so, a :class:`StoredRows` converted a batch at a time (the float set never exists whole:
+    4x the uint8 file); any other set is read whole as float (:func:`jemeval.data.to_arrays`)."""
+    stored = stored_rows(ds)
+    if stored is None:
+        return to_arrays(ds, workers)
+    held = StoredRows(*stored)
+    return held, stored[0].y[torch.from_numpy(held.rows)]
+
+
+def _pick(x: torch.Tensor | StoredRows, rows: np.ndarray) -> torch.Tensor | StoredRows:
+    return x.select(rows) if isinstance(x, StoredRows) else x[torch.from_numpy(rows)]
 
 
 def check_other_splits(config, ds, carved: tuple[np.ndarray, np.ndarray] | None) -> dict:

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from jemeval.data import load_dataset, no_test_split_note, to_arrays
+from jemeval.data import load_dataset, no_test_split_note
 from jemeval.errors import JemevalError
 from jemeval.evaluation.accuracy import accuracy_on_arrays
 from jemeval.results import Result
@@ -19,6 +19,7 @@ from jemeval.training.checkpointing import config_record, load_weights, run_prov
 from jemeval.training.parts import Parts
 from jemeval.training.position import RunPosition
 from jemeval.training.reporting import MetricsLog
+from jemeval.training.splits import held_images
 
 
 class TrainResult(Result):
@@ -89,7 +90,7 @@ def best_test_accuracy(parts: Parts, best: Path) -> tuple[float | None, str | No
         test = load_dataset(config.dataset, "test", root=config.data_root, download=config.download)
     except JemevalError as exc:
         return None, f"no test accuracy: {exc}"
-    x, y = to_arrays(test, config.workers)
+    x, y = held_images(test, config.workers)  # an npz's test images stay as stored
     load_weights(parts.model, best)
     notes = [no_test_split_note(config.dataset, test), parts.data.info.get("test_seen")]  # as eval, calibrate, ood
     note = "; ".join(n for n in notes if n) or None

@@ -38,6 +38,7 @@ from jemeval.formats.native import read_checkpoint
 from jemeval.runtime import distributed as D
 from jemeval.runtime.devices import resolve_device
 from jemeval.runtime.distributed import DistContext
+from jemeval.runtime.memory import TRIM_EVERY, keep_memory_flat
 from jemeval.training import ddp, rundir
 from jemeval.training.checkpointing import (
     load_resume_checkpoint,
@@ -290,6 +291,8 @@ class Trainer:
                 bar.update(1)
                 self.report.log_iteration(position.step, stats, len(y_lab), parts.optimizer.param_groups[0]["lr"])
                 at_check = position.step % config.check_every == 0
+                if position.step % TRIM_EVERY == 0:
+                    keep_memory_flat(default_allocator=False)  # a tuned heap's free pages, once it has grown
                 if at_check:
                     check(parts.monitor, position.step, parts.device)
                     self.report.show_stats(bar, position.stats)
