@@ -81,12 +81,14 @@ class RunContext:
     cache: CachePolicy = field(default_factory=CachePolicy)
     #: processes decoding a dataset read image by image (folder:, torchvision sets) while the model
     #: computes; sets held as arrays (npz, digits) are sliced directly. The numbers do not depend on it.
-    workers: int = 0
+    #: None: min(8, CPUs - 1) (:func:`jemeval.runtime.workers.default_workers`).
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and not self.batch_size >= 1:  # also refuses NaN
             raise UsageError(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 0):
             raise UsageError(f"workers must be a whole number >= 0, got {self.workers!r}", param="workers")
         if not isinstance(self.cache, CachePolicy):
             object.__setattr__(self, "cache", cache_policy(self.cache, CachePolicy()))

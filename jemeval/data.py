@@ -29,6 +29,7 @@ from jemeval.data_files import data_hashes, dataset_files, dataset_sha256, names
 from jemeval.errors import JemevalError, UsageError
 from jemeval.plugins import get_registry
 from jemeval.registry import Spec, call_with_supported, parse_spec
+from jemeval.runtime.workers import resolve_workers
 from jemeval.stored_images import StoredImages, stored_rows
 from jemeval.worker_errors import ErrorsAsData, collate_or_raised, raise_if_raised
 
@@ -321,12 +322,13 @@ def _absolute(path: str) -> str:
 
 
 def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.device = "cpu",
-                    num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                    num_workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (x, y) batches on ``device`` in dataset order.
 
     In-memory datasets are sliced directly; images kept as stored (a memory-mapped npz), and the
     subsets :func:`take` and :class:`ClassSubset` make of them, are read and converted to float one
-    batch at a time (:func:`jemeval.stored_images.stored_rows`); others go through a DataLoader (pinned memory on CUDA).
+    batch at a time (:func:`jemeval.stored_images.stored_rows`); others go through a DataLoader (pinned
+    memory on CUDA) with ``num_workers`` decoding processes (None: :func:`~jemeval.runtime.workers.default_workers`).
     """
     device = torch.device(device)
     if isinstance(ds, ArrayDataset):
@@ -342,6 +344,7 @@ def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.devi
             yield (base.rows(index).to(device, non_blocking=True),
                    base.y[index].to(device, non_blocking=True))
         return
+    num_workers = loader_workers(ds, num_workers)
     workers = num_workers > 0  # a worker's JemevalError comes back as data, raised here in one line
     loader = DataLoader(ErrorsAsData(ds) if workers else ds, batch_size=batch_size, shuffle=False,
                         num_workers=num_workers, pin_memory=device.type == "cuda",
@@ -351,9 +354,18 @@ def iterate_batches(ds: Dataset, batch_size: int = 256, device: str | torch.devi
         yield x.to(device, non_blocking=True), torch.as_tensor(y).long().to(device, non_blocking=True)
 
 
-def to_arrays(ds: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def loader_workers(ds: Dataset, workers: int | None) -> int:
+    """The decoding processes a pass over ``ds`` starts: none for sets sliced as arrays (in memory,
+    or stored: npz, the derived OOD sets), ``workers`` (None: the default for this machine) for the
+    sets read image by image. What a result records as its ``workers``."""
+    if isinstance(ds, ArrayDataset) or stored_rows(ds) is not None:
+        return 0
+    return resolve_workers(workers)
+
+
+def to_arrays(ds: Dataset, workers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Materialise a (small) dataset as two tensors (``workers``: DataLoader processes decoding an
-    image folder, :func:`iterate_batches`)."""
+    image folder, None for the default; :func:`iterate_batches`)."""
     if isinstance(ds, ArrayDataset):
         return ds.x, ds.y
     xs, ys = [], []

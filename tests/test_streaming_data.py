@@ -198,7 +198,7 @@ def test_an_image_folder_is_decoded_lazily(tmp_path, monkeypatch):
     monkeypatch.setattr(file_datasets, "_read_image", lambda p: calls.append(p) or real(p))
     ds = load_dataset(f"folder:{tmp_path}")
     assert len(calls) == 1  # the shape probe only: nothing decoded while loading
-    first = next(iterate_batches(ds, 4))
+    first = next(iterate_batches(ds, 4, num_workers=0))  # decoded here, in this process
     assert len(calls) == 5 and first[0].shape == (4, 3, 8, 8)
 
 
@@ -217,7 +217,7 @@ def test_workers_decode_a_folder_in_parallel_with_the_same_outputs(tmp_path, mon
     real = data_module.DataLoader
     monkeypatch.setattr(data_module, "DataLoader", lambda *a, **k: loaders.append(k["num_workers"]) or real(*a, **k))
     scores = resolve_scores(["logpx", "gradnorm"])
-    alone = run_batches(model, ds, scores=scores, batch_size=4, sigma=0.1, seed=2, progress=False)
+    alone = run_batches(model, ds, scores=scores, batch_size=4, sigma=0.1, seed=2, progress=False, workers=0)
     helped = run_batches(model, ds, scores=scores, batch_size=4, sigma=0.1, seed=2, progress=False, workers=2)
     assert loaders == [0, 2]
     np.testing.assert_array_equal(helped.logits, alone.logits)
@@ -270,3 +270,40 @@ def test_fitted_detectors_say_how_large_their_state_is(tmp_path):
     features = run_batches(model, load_dataset(f"npz:{tmp_path / 'id.npz'}", split="train"), keep_features=True)
     # knn keeps the fit features, float32, and nothing else of size
     assert [f["state_bytes"] for f in fits.values()] == [features.features.shape[0] * features.features.shape[1] * 4]
+
+
+def test_the_default_workers_follow_the_cpus_this_process_may_use(monkeypatch):
+    """min(8, CPUs - 1) over the affinity mask, not the machine's count; array sets start none."""
+    from jemeval.data import ArrayDataset, loader_workers
+    from jemeval.runtime import workers
+
+    for cpus, expected in ((1, 0), (2, 1), (5, 4), (9, 8), (64, 8)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), raising=False)
+        assert workers.default_workers() == expected
+    assert jemeval.RunContext().workers is None and jemeval.RunContext(workers=0).workers == 0
+    arrays = ArrayDataset(torch.zeros(4, 1, 2, 2), torch.zeros(4, dtype=torch.long))
+    assert loader_workers(arrays, None) == 0 and loader_workers(arrays, 3) == 0
+
+
+@pytest.mark.slow  # worker processes start
+def test_a_folder_is_decoded_by_the_default_workers_with_the_outputs_of_none(tmp_path, monkeypatch):
+    from PIL import Image
+
+    import jemeval.data as data_module
+    from jemeval.runtime import workers
+
+    rng = np.random.default_rng(4)
+    for i in range(9):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / f"{i:02d}.png")
+    ds = load_dataset(f"folder:{tmp_path}")
+    model = tiny_model(3, (3, 8, 8))
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 3)
+    loaders = []
+    real = data_module.DataLoader
+    monkeypatch.setattr(data_module, "DataLoader", lambda *a, **k: loaders.append(k["num_workers"]) or real(*a, **k))
+    scores = resolve_scores(["maxprob"])
+    auto = run_batches(model, ds, scores=scores, batch_size=4, progress=False)
+    alone = run_batches(model, ds, scores=scores, batch_size=4, progress=False, workers=0)
+    assert loaders == [2, 0] and auto.settings["workers"] == 2 and alone.settings["workers"] == 0
+    np.testing.assert_array_equal(auto.logits, alone.logits)
+    np.testing.assert_array_equal(auto.scores["maxprob"], alone.scores["maxprob"])

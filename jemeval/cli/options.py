@@ -20,6 +20,7 @@ from jemeval.cli.output import emit, output_options, progress
 from jemeval.cli.paths import Command, PathArgument, PathOption, dataset_option, input_path_option, output_path_option
 from jemeval.context import RunContext
 from jemeval.errors import UsageError
+from jemeval.runtime.workers import default_workers
 
 if TYPE_CHECKING:
     import torch
@@ -198,6 +199,13 @@ NO_CACHE_HELP = ("Neither read nor write jemeval's caches (fitted detectors in $
                  "~/.cache/jemeval/detectors): fit again.")
 
 
+#: --workers: how many processes decode a dataset read image by image (None: the machine's default)
+workers_option = click.option("--workers", type=click.IntRange(min=0), default=None, help=(
+    "Processes decoding a dataset read image by image (folder:, torchvision sets) while the model computes; "
+    "0 decodes between batches in this process. The same numbers for any count. npz and built-in array sets "
+    f"use none. [default: min(8, CPUs - 1): {default_workers()} here]"))
+
+
 def run_options(*, batch_size: int | None = 256, batch_help: str = "Examples per forward pass.", data: bool = True,
                 download: bool = True, no_cache: bool = False, no_cache_help: str = NO_CACHE_HELP):
     """The options of a command's run context, as one bundle: --seed, --device, --batch-size (unless
@@ -214,8 +222,7 @@ def run_options(*, batch_size: int | None = 256, batch_help: str = "Examples per
         options.append(batch_size_option(batch_size, batch_help))
     if data:
         options.append(data_options if download else data_root_option)
-        options.append(click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True, help=(
-            "Processes decoding a dataset read image by image (folder:, torchvision sets) while the model computes.")))
+        options.append(workers_option)
     if no_cache:
         options.append(click.option("--no-cache", "no_cache", is_flag=True, help=no_cache_help))
 

@@ -73,13 +73,17 @@ class EnergyModel(nn.Module):
             std = torch.as_tensor(normalization["std"], dtype=torch.float32).reshape(1, -1, 1, 1).expand(1, c, 1, 1)
             self.register_buffer("_norm_mean", mean.clone(), persistent=False)
             self.register_buffer("_norm_std", std.clone(), persistent=False)
+            # (x - mean) / std as one fused pass, x * (1 / std) + (-mean / std): on a 224 x 224 batch the
+            # two passes, each writing a batch-sized tensor, were 5% of a small network's forward
+            self.register_buffer("_norm_scale", 1.0 / std, persistent=False)
+            self.register_buffer("_norm_shift", -mean / std, persistent=False)
             self.normalization = {"mean": list(map(float, mean.flatten())), "std": list(map(float, std.flatten()))}
         #: free-form information carried from the checkpoint (dataset, provenance, source format...)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     # -- the energy-based reading ----------------------------------------------------------------
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.normalization is None else (x - self._norm_mean) / self._norm_std
+        return x if self.normalization is None else torch.addcmul(self._norm_shift, x, self._norm_scale)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         out = self.net(self._normalize(x))

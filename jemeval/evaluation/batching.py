@@ -31,7 +31,7 @@ from jemeval.components.detector import Detector
 from jemeval.components.options import check_option_values
 from jemeval.components.score import Score, as_score
 from jemeval.context import RunContext, takes_context
-from jemeval.data import iterate_batches
+from jemeval.data import iterate_batches, loader_workers
 from jemeval.deprecations import moved_names
 from jemeval.energy.model import log_p
 from jemeval.errors import JemevalError, UsageError
@@ -239,17 +239,17 @@ def run_batches(
         done = map_items(one, noisy_batches(dataset, batch_size, device, sigma, context.seed, context.workers))
     keep_memory_flat()  # the pass's buffers, before the next pass (another set, another shape) fragments them
     settings = {"sigma": float(sigma), "noise_seed": int(context.seed) if sigma > 0 else None,
-                "batch_size": int(batch_size)}
+                "batch_size": int(batch_size), "workers": loader_workers(dataset, context.workers)}
     return _gather(done, model, dataset, scores, check_finite=check_finite, keep_logits=keep_logits,
                    keep_features=keep_features, settings=settings)
 
 
 def noisy_batches(dataset: Dataset, batch_size: int, device: torch.device, sigma: float,
-                  seed: int, workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                  seed: int, workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The batches of ``dataset`` on ``device`` with their input noise, drawn from one generator seeded
     with ``seed`` for every batch in order on every rank (the draws of the batches another rank runs
     are cheap, and keep one process's noise exactly). ``workers``: DataLoader processes decoding a
-    dataset read image by image (:func:`jemeval.data.iterate_batches`)."""
+    dataset read image by image (:func:`jemeval.data.iterate_batches`; None: the machine's default)."""
     generator = torch.Generator(device=device).manual_seed(int(seed)) if sigma > 0 else None
     for x, y in iterate_batches(dataset, batch_size, device, num_workers=workers):
         x = x.float()

@@ -91,7 +91,7 @@ class TrainConfig:
     split_seed: int = 1234  # fixed: the validation split and the labelled subset do not move with seed
     data_root: str | None = None
     download: bool = False
-    workers: int = 0  # DataLoader processes decoding an image folder (the same images as 0: changes no number)
+    workers: int | None = None  # processes decoding an image folder (changes no number; None: min(8, CPUs - 1))
     # optimisation
     batch_size: int = 64
     lr: float = 1e-4
@@ -231,7 +231,8 @@ class TrainConfig:
             ("check_every", self.check_every >= 1, "be >= 1"),
             ("max_val_drop", 0.0 < self.max_val_drop <= 1.0, "lie in (0, 1] (1 turns the check off)"),
             ("grid_every", self.grid_every >= 0, "be >= 0"),
-            ("workers", isinstance(self.workers, int) and not isinstance(self.workers, bool) and self.workers >= 0,
+            ("workers", self.workers is None or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
+                                                 and self.workers >= 0),
              "be a whole number >= 0"),
             ("log_every", self.log_every >= 1, "be >= 1"),
         ):

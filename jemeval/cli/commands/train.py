@@ -30,6 +30,7 @@ from click.core import ParameterSource
 
 from jemeval.cli.config import canonical_keys, config_option, config_record, render_config
 from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
+from jemeval.runtime.workers import default_workers
 
 
 @click.command("train")
@@ -122,7 +123,8 @@ from jemeval.cli.options import SEED, data_options, parse_ints, without_nproc
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @click.option("--workers", type=click.IntRange(min=0), help="Processes decoding a dataset read image by image "
               "(folder:, torchvision sets) as training reads it (the training split once, the test split at the end): "
-              "the same images, hence the same run, as 0 [default: 0].")
+              "the same images, hence the same run, for any count; 0 decodes in this process "
+              f"[default: min(8, CPUs - 1): {default_workers()} here].")
 @data_options
 @click.pass_context
 def cli(ctx, dataset, print_config, as_json, no_progress, compile_, decay_epochs, nproc, **params):
