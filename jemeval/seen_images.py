@@ -110,10 +110,15 @@ def check_evaluated(model, data: str, split: str, ds: Dataset, *, context) -> tu
     return notes, record
 
 
-def check_ood_set(id_name: str, label: str, ds: Dataset, *, context) -> tuple[list[str], dict[str, Any]]:
+def check_ood_set(id_name: str, label: str, ds: Dataset, *, context,
+                  id_ds: Dataset | None = None) -> tuple[list[str], dict[str, Any]]:
     """(notes, provenance record) for OOD set ``label``: its own notes, and its images byte-identical to
-    images of the in-distribution set's train split (refused when every one is: they are in-distribution)."""
+    images of the in-distribution set's train split (refused when every one is: they are in-distribution).
+    An in-distribution set ``id_ds`` that declares its splits without a train split (an npz holding only
+    ``x_test``) has none to compare with."""
     notes, record = dataset_notes(ds), {}
+    if id_ds is not None and "train" not in (declared_splits(id_ds) or ("train",)):
+        return notes, record
     found = overlap(ds, lambda: load_dataset(id_name, "train", context.data_root, context.download))
     if found is not None:
         record = {"seen_images": found.record(f"{id_name} train split")}

@@ -279,6 +279,15 @@ def test_ood_sets_made_of_training_images_are_refused_or_warned(work):
     assert out["provenance"]["settings"]["sets"]["npz:some.npz"]["seen_images"]["identical"] == 4
 
 
+def test_an_id_npz_without_a_train_split_has_no_training_images_to_compare_an_ood_set_with(work):
+    rng = np.random.default_rng(8)
+    np.savez(work / "id.npz", x_test=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8), y_test=np.arange(12) % 3)
+    np.savez(work / "ood.npz", x=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8))
+    out = _json(_run("ood", "--model", "m.pt", "--id", "npz:id.npz", "--ood", "npz:ood.npz", "--device", "cpu",
+                     "--score", "maxprob", "--json"))  # was: "'id.npz' has no train split"
+    assert "seen_images" not in out["provenance"]["settings"]["sets"]["npz:ood.npz"]
+    assert len(out["records"]) == 1
+
 def test_row_digests_are_made_once_per_process(work, monkeypatch):
     from jemeval import image_digests
     from jemeval.errors import JemevalWarning

@@ -128,7 +128,7 @@ def prepare_data(config, device: torch.device) -> TrainingData:
     )
 
 
-def held_images(ds, workers: int = 0) -> tuple[torch.Tensor | StoredRows, torch.Tensor]:
+def held_images(ds, workers: int | None = None) -> tuple[torch.Tensor | StoredRows, torch.Tensor]:
     """(images, labels) of ``ds`` as training holds them: images kept as stored (an npz, or a subset of
     one) stay so, a :class:`StoredRows` converted a batch at a time (the float set never exists whole:
     4x the uint8 file); any other set is read whole as float (:func:`jemeval.data.to_arrays`)."""

@@ -99,7 +99,8 @@ def compute_ood_scores(
                                  fits=tune_on is not None or any(s.detector for s in score_fns))
     sets = load_ood_sets(model, ood, id_name, len(id_ds), split=split, n=n, context=context,
                          num_classes=getattr(id_ds, "num_classes", None))
-    seen = {label: check_ood_set(id_name, label, ds, context=context) for label, ds, _ in sets}  # before fitting
+    seen = {label: check_ood_set(id_name, label, ds, context=context, id_ds=id_ds)  # before fitting
+            for label, ds, _ in sets}
     score_fns, fitting = fit_scores(
         model, score_fns, id_name=id_name, test_sets=[label for label, _, _ in sets], fit_on=fit_on, fit_n=fit_n,
         tune_on=tune_on, split=split, n=n, input_sigma=input_sigma, class_map=class_map, context=context)
