@@ -11,13 +11,15 @@ own gets what the user did not set derived from its size (:func:`derive_from_dat
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from jemeval.data import absolute_spec, declared_splits, load_dataset, to_arrays
+from jemeval.data import absolute_spec, declared_splits, input_shape_of, load_dataset, num_classes_of, to_arrays
 from jemeval.deprecations import moved_names
 from jemeval.errors import JemevalError, UsageError, did_you_mean
 from jemeval.evaluation.limits import check_count
+from jemeval.formats.load import is_model_source
 from jemeval.registry import parse_spec
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import BN_MODES, SGLD
@@ -40,6 +42,10 @@ OPTIMIZERS = ("adam", "sgd")
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "progress", "out", "data_root", "download", "max_recoveries",
                                "max_val_drop", "resume", "overwrite", "compile", "test_eval", "grid_every",
                                "config_file", "log_to", "log_every", "workers"})
+
+#: Records a resume keeps from the stored run whatever the caller's config says: a warm start's source
+#: record (with the head decision its first session made; a resume never reads the source again)
+STORED_ON_RESUME = frozenset({"init_from"})
 
 RESUME_OR_OVERWRITE = ("resume=True continues the run in its folder and overwrite=True replaces it: give one of "
                        "them, not both")
@@ -125,12 +131,17 @@ class TrainConfig:
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
     config_file: dict | None = None  # the --config file that set some of these: {"file", "sha256", "keys"}
     derived: dict | None = None  # settings derived from the data (a set without defaults): {"from", "settings"}
+    # warm start (training/warmstart.py): the classifier whose weights the run starts from, and its record
+    init: str | None = None  # a model source or file, as --model reads it (a path is recorded absolute)
+    init_from: dict | None = None  # source, name, sha256, arch, classes, normalisation; the head decision
 
     def __post_init__(self) -> None:
         # one logger may be given as a string ("tensorboard"), several as a list; stored as a tuple
         self.log_to = (self.log_to,) if isinstance(self.log_to, str) else tuple(self.log_to or ())
         # a path in the spec is recorded absolute: the checkpoint names the same files from any cwd
         self.dataset = absolute_spec(self.dataset)
+        if isinstance(self.init, str) and self.init and not is_model_source(self.init):
+            self.init = os.path.abspath(os.path.expanduser(self.init))
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -287,12 +298,36 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
     merged.update(recipe_defaults(given.get("recipe", "paper"), dataset))
     merged.update(objective_defaults(given.get("objective")))
     merged.update(given)
+    if merged.get("init") and not merged.get("init_from"):
+        merged.update(_init_arch(merged, given))
     if "decay_epochs" in merged:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
     config = TrainConfig(**merged).validate()
     if parse_spec(dataset).name in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
         return config
     return derive_from_data(config, [k for k in SCALED_KEYS if k not in given], now=True)
+
+
+def _init_arch(merged: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``arch`` and ``init_from`` of a warm start: the architecture is the source's (an ``arch`` given
+    beside it must name the same)."""
+    from jemeval.evaluation.classes import data_classes
+    from jemeval.training.warmstart import check_fits, describe_source
+
+    source = merged["init"]
+    if isinstance(source, str) and not is_model_source(source):
+        source = os.path.abspath(os.path.expanduser(source))
+    arch, record, model = describe_source(source, download=bool(merged.get("download")))
+    if "arch" in given and str(given["arch"]) != arch:
+        raise UsageError(f"arch={given['arch']!r} and init={merged['init']!r} (a {arch} network) both name the "
+                         "architecture; drop arch: a warm start keeps its source's", param="arch")
+    try:  # the data as the run will see it; a set not downloaded yet is checked when the run starts
+        ds = load_dataset(merged["dataset"], "train", root=merged.get("data_root"), download=False)
+    except JemevalError:
+        return {"arch": arch, "init": source, "init_from": record}
+    names = data_classes(ds).names
+    record = check_fits(model, record, num_classes_of(ds), tuple(input_shape_of(ds)), names)
+    return {"arch": arch, "init": source, "init_from": record}
 
 
 def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now: bool = False) -> TrainConfig:
@@ -340,7 +375,9 @@ def resume_config(stored: dict[str, Any], **overrides: Any) -> TrainConfig:
     run must compute exactly what the uninterrupted run would have.
     """
     config = TrainConfig.from_dict(stored)
-    given = {k: v for k, v in overrides.items() if v is not None}
+    given = {k: v for k, v in overrides.items() if v is not None and k not in STORED_ON_RESUME}
+    if isinstance(given.get("init"), str) and not is_model_source(given["init"]):
+        given["init"] = os.path.abspath(os.path.expanduser(given["init"]))  # as the run recorded it
     if given.get("overwrite"):
         raise UsageError(RESUME_OR_OVERWRITE, param="overwrite")
     changed = []

@@ -30,6 +30,7 @@ from jemeval.training.divergence import Adjustments, DivergenceMonitor, Recovery
 from jemeval.training.objectives import Weights
 from jemeval.training.splits import TrainingData, prepare_data
 from jemeval.training.step import StepOptions, TrainStep
+from jemeval.training.warmstart import warm_start
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Parts:
     buffer: ReplayBuffer | None
     monitor: DivergenceMonitor
     policy: RecoveryPolicy
+    init_note: str | None = None  # a warm start's line: the source, and whether its head was kept
 
 
 def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
@@ -62,8 +64,8 @@ def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
     seed_everything(config.seed, generator, ctx)
     data = prepare_data(config, device)
     augment = augment_for(config.augment, data.info, data.input_shape)
-    model = create_model(config.arch, data.num_classes, data.input_shape,
-                         metadata={"dataset": config.dataset}).to(device)
+    model, config, init_note = initial_model(config, data)
+    model = model.to(device)
     prepared = fastpath.prepare(model, wrap=ctx.wrap)  # the eager module is kept for checkpoints
     optimizer = make_optimizer(config, model)
     buffer = make_buffer(config, data, ctx, device, generator)
@@ -72,7 +74,21 @@ def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
     return Parts(config=config, out=Path(config.out_dir), device=device, ctx=ctx, fastpath=fastpath,
                  generator=generator, data=data, augment=augment, model=model, forward=prepared.run,
                  sample=prepared.sample, optimizer=optimizer, buffer=buffer, monitor=monitor,
-                 policy=RecoveryPolicy(config.seed, sampling=config.samples))
+                 policy=RecoveryPolicy(config.seed, sampling=config.samples), init_note=init_note)
+
+
+def initial_model(config: TrainConfig, data: TrainingData) -> tuple[EnergyModel, TrainConfig, str | None]:
+    """(the network a run starts from, the config, a warm start's line). A fresh network from the
+    seeded generators; with ``init`` the source's weights copied in (:mod:`.warmstart`, which records
+    the head decision in the config's ``init_from``); a resume builds the same network and restores
+    last.pt, never reading the source again."""
+    init = config.init_from
+    model = create_model(config.arch, data.num_classes, data.input_shape, metadata={"dataset": config.dataset},
+                         normalization=(init or {}).get("normalization"))
+    if not init or config.resume:
+        return model, config, None
+    record, line = warm_start(model, init, data.info.get("class_names"), download=config.download)
+    return model, config.replace(init_from=record), line
 
 
 def seed_everything(seed: int, generator: torch.Generator | None = None, ctx: DistContext | None = None) -> None:

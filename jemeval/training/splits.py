@@ -41,6 +41,7 @@ from jemeval.data import (
     to_arrays,
 )
 from jemeval.errors import JemevalError, UsageError
+from jemeval.evaluation.classes import data_classes
 from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
 from jemeval.seen_images import all_seen, dataset_notes, overlap, some_seen
@@ -104,6 +105,7 @@ def prepare_data(config, device: torch.device) -> TrainingData:
     if (y < 0).all():
         raise UsageError(f"dataset {config.dataset!r} has no labels; jemeval train needs labelled images")
     num_classes = num_classes_of(ds)
+    info["class_names"] = data_classes(ds).names  # what a warm start compares its source's classes with
     if own_val:
         x_val, y_val = held_images(load_dataset(config.dataset, "val", root=config.data_root,
                                                 download=config.download), config.workers)

@@ -249,7 +249,8 @@ class Trainer:
         self.train_step = make_step(parts, self.position.adjustments)
         per_epoch = ddp.batch_plan(len(parts.data.x), config.batch_size, parts.ctx.world_size)[0]
         warning = schedule_warning(config, per_epoch)
-        self.notes = [*parts.data.info.get("notes", ()), *([warning] if warning else [])]
+        self.notes = [*([parts.init_note] if parts.init_note else []), *parts.data.info.get("notes", ()),
+                      *([warning] if warning else [])]
         for note in self.notes:  # the data's (images in two splits, entries not read), the schedule's
             self.report.note(note)
 

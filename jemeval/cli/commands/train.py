@@ -45,6 +45,11 @@ from jemeval.runtime.workers import default_workers
               "sampler's time (0.51x in float32) at higher mean accuracy and log p(x) AUROC over 10 seeds, 9 of 10 "
               "at or above their own seed's release run; docs/training.md, Recipes); options you "
               "give still win [default: paper].")
+@click.option("--init", "init", metavar="SOURCE", help="Start from a classifier's weights: anything --model reads (a "
+              "checkpoint, a safetensors export, timm:NAME, torchvision:NAME, pytorch-ood:KEY, hf:ORG/NAME), from the "
+              "libraries' caches. The architecture is SOURCE's; its head is kept when the classes match (number, and "
+              "names where both record them), re-initialised otherwise (said in one line). Recorded; a --resume "
+              "never reads SOURCE again. See --recipe finetune.")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
                              "[default: per dataset].")
 @click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20, or more for "
