@@ -61,7 +61,8 @@ def test_a_kept_head_gives_the_classifiers_logits_before_the_first_step(classifi
 
 def test_another_label_space_reinitialises_the_head_and_says_so(classifier, tmp_path):
     rng = np.random.default_rng(1)  # 8x8 grey images of 3 classes: digits' shape, another label space
-    np.savez(tmp_path / "three.npz", x_train=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8), y_train=np.arange(60) % 3)
+    np.savez(tmp_path / "three.npz", x_train=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8),
+             y_train=np.arange(60) % 3)
     model, config, line, _ = first_model(f"npz:{tmp_path / 'three.npz'}", init=classifier, out=str(tmp_path / "r"),
                                          arch=None)
     assert "head re-initialised (the source has 10 classes, the data 3)" in line
@@ -171,3 +172,14 @@ def test_a_source_built_for_other_images_is_one_line(classifier, tmp_path, monke
     result = _cli("train", data, "--init", classifier, "--out", "run", "--device", "cpu")
     assert_one_line_refusal(result, "the source was built for inputs of another shape")
     assert snapshot(tmp_path) == before
+
+
+def test_recipe_finetune_scales_the_runs_own_settings_and_needs_an_init(classifier, tmp_path):
+    config = resolve_config("digits", init=classifier, recipe="finetune", out=str(tmp_path / "r"))
+    assert (config.epochs, config.lr, config.warmup_iters, config.decay_epochs) == (2, pytest.approx(3e-4), 0, ())
+    assert (config.sgld_lr, config.px_weight, config.energy_l2) == (0.01, 0.01, 0.0)
+    assert "a tenth of the 20 epochs" in config.derived["settings"]["epochs"]
+    mine = resolve_config("digits", init=classifier, recipe="finetune", epochs=4, out=str(tmp_path / "r"))
+    assert mine.epochs == 4  # what the user sets wins
+    with pytest.raises(jemeval.errors.UsageError, match="recipe 'finetune' continues a classifier"):
+        resolve_config("digits", recipe="finetune")

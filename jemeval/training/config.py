@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from jemeval.data import absolute_spec, declared_splits, input_shape_of, load_dataset, num_classes_of, to_arrays
+from jemeval.data import absolute_spec, declared_splits, load_dataset, to_arrays
 from jemeval.deprecations import moved_names
 from jemeval.errors import JemevalError, UsageError, did_you_mean
 from jemeval.evaluation.limits import check_count
@@ -30,6 +30,7 @@ from jemeval.training.recipes import (
     RECIPES,
     SCALED_KEYS,
     dataset_defaults,
+    finetune_changes,
     recipe_defaults,
     scaled_defaults,
 )
@@ -266,6 +267,9 @@ class TrainConfig:
                   "the factored objective needs every label: drop labels_per_class")
         if self.short_run:
             _need(self.samples, "short_run", "short_run=True needs sampling: set px_weight or pxy_weight above 0")
+        _need(self.recipe != "finetune" or bool(self.init), "recipe",
+              "recipe 'finetune' continues a classifier's training as a JEM: name the classifier with init "
+              "(--init SOURCE: a checkpoint, timm:NAME, torchvision:NAME, ...)")
         if self.class_cond_px:
             _need(self.px_weight > 0, "class_cond_px",
                   "class-conditional p(x) negatives (class_cond_px=True) need px_weight > 0")
@@ -299,35 +303,17 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
     merged.update(objective_defaults(given.get("objective")))
     merged.update(given)
     if merged.get("init") and not merged.get("init_from"):
-        merged.update(_init_arch(merged, given))
+        from jemeval.training.warmstart import init_settings  # loads the source: only for a warm start
+
+        merged.update(init_settings(merged, given))
     if "decay_epochs" in merged:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
     config = TrainConfig(**merged).validate()
-    if parse_spec(dataset).name in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
-        return config
-    return derive_from_data(config, [k for k in SCALED_KEYS if k not in given], now=True)
-
-
-def _init_arch(merged: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``arch`` and ``init_from`` of a warm start: the architecture is the source's (an ``arch`` given
-    beside it must name the same)."""
-    from jemeval.evaluation.classes import data_classes
-    from jemeval.training.warmstart import check_fits, describe_source
-
-    source = merged["init"]
-    if isinstance(source, str) and not is_model_source(source):
-        source = os.path.abspath(os.path.expanduser(source))
-    arch, record, model = describe_source(source, download=bool(merged.get("download")))
-    if "arch" in given and str(given["arch"]) != arch:
-        raise UsageError(f"arch={given['arch']!r} and init={merged['init']!r} (a {arch} network) both name the "
-                         "architecture; drop arch: a warm start keeps its source's", param="arch")
-    try:  # the data as the run will see it; a set not downloaded yet is checked when the run starts
-        ds = load_dataset(merged["dataset"], "train", root=merged.get("data_root"), download=False)
-    except JemevalError:
-        return {"arch": arch, "init": source, "init_from": record}
-    names = data_classes(ds).names
-    record = check_fits(model, record, num_classes_of(ds), tuple(input_shape_of(ds)), names)
-    return {"arch": arch, "init": source, "init_from": record}
+    if parse_spec(dataset).name not in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
+        config = derive_from_data(config, [k for k in SCALED_KEYS if k not in given], now=True)
+    if config.recipe == "finetune":
+        config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived)).validate()
+    return config
 
 
 def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now: bool = False) -> TrainConfig:

@@ -101,7 +101,40 @@ def native_cpu_bf16() -> bool:
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "paper": {},
     "fast": {"digits": FAST_DIGITS},
+    "finetune": {},  # any dataset, from a classifier (--init): scaled from the run's own settings, finetune_defaults
 }
+
+#: ``recipe="finetune"`` continues a classifier (``init``) as a JEM. A classifier's logits are large
+#: far from the data (log p~ of SGLD samples from noise ~ +850 against ~15 on digits), so the release's
+#: SGLD (step 1) finds samples the p(x) term then pulls up hard, and Adam, normalising each weight's
+#: step, follows that term alone while the cross-entropy's gradient is ~0: every setting with the
+#: release's step size or p(x) weight lost 15-50 points of validation accuracy within 2-3 epochs or hit
+#: the energy-gap check (docs/training.md, "Warm start from a classifier", 14 settings measured). Small
+#: SGLD steps (0.01) keep the samples near the chains' energies, a p(x) weight of 0.01 keeps the
+#: cross-entropy in charge, and a tenth of the run's lr and of its epochs (at least 2) suffice.
+FINETUNE = {"px_weight": 0.01, "sgld_lr": 0.01, "energy_l2": 0.0, "warmup_iters": 0, "decay_epochs": ()}
+FINETUNE_LR_FACTOR, FINETUNE_EPOCH_FACTOR, FINETUNE_MIN_EPOCHS = 0.1, 0.1, 2
+
+
+def finetune_defaults(epochs: int, lr: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """(settings, why) of ``recipe="finetune"`` for a run whose own recipe trains ``epochs`` epochs at ``lr``."""
+    settings = {**FINETUNE, "epochs": max(FINETUNE_MIN_EPOCHS, round(FINETUNE_EPOCH_FACTOR * epochs)),
+                "lr": FINETUNE_LR_FACTOR * lr}
+    why = {"epochs": f"a tenth of the {epochs} epochs training from scratch would take, at least {FINETUNE_MIN_EPOCHS}",
+           "lr": f"a tenth of the {lr:g} training from scratch would use",
+           **{k: "recipe finetune (recipes.FINETUNE): a classifier's large logits off the data" for k in FINETUNE}}
+    return settings, why
+
+
+def finetune_changes(epochs: int, lr: float, given: set[str], derived: dict | None) -> dict[str, Any]:
+    """The settings ``recipe="finetune"`` changes in a run resolved to ``epochs`` at ``lr`` (those the
+    user did not set, ``given``), with ``derived`` (what was derived, and why) extended by them."""
+    settings, why = finetune_defaults(epochs, lr)
+    keys = [k for k in settings if k not in given]
+    derived = dict(derived or {})
+    derived["settings"] = {**derived.get("settings", {}), **{k: why[k] for k in keys}}
+    derived["from"] = {**derived.get("from", {}), "recipe": "finetune"}
+    return {**{k: settings[k] for k in keys}, "derived": derived}
 
 
 def dataset_defaults(dataset: str) -> dict[str, Any]:
@@ -114,7 +147,7 @@ def recipe_defaults(recipe: str, dataset: str) -> dict[str, Any]:
     if recipe not in RECIPES:
         raise UsageError(f"unknown recipe {recipe!r}{did_you_mean(str(recipe), RECIPES)}; choose "
                          f"{' or '.join(RECIPES)}", param="recipe")
-    if recipe == "paper":
+    if recipe in ("paper", "finetune"):  # finetune scales the resolved run (config.resolve_config)
         return {}
     name = parse_spec(dataset).name
     if name not in RECIPES[recipe]:

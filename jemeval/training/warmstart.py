@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from jemeval.energy.model import EnergyModel
-from jemeval.errors import UsageError
+from jemeval.errors import JemevalError, UsageError
 from jemeval.registry import Spec
 
 
@@ -40,7 +40,7 @@ def describe_source(source: str, *, download: bool = False) -> tuple[str, dict[s
 
     model = load_model(source, download=download)
     if int(model.num_classes) < 2:
-        raise UsageError(f"--init {source!r} has {model.num_classes} output; a classifier to start from needs "
+        raise UsageError(f"init {source!r} has {model.num_classes} output; a classifier to start from needs "
                          "one output per class", param="init")
     arch = str(Spec(model.arch, None, dict(model.arch_options)))
     meta = model.metadata
@@ -68,6 +68,30 @@ def check_fits(source: EnergyModel, record: dict[str, Any], num_classes: int, in
     head = set() if keep else set(head_parameters(fresh.net, num_classes))
     copy_weights(source.net, fresh.net, skip=head, source=record["source"], check_only=True)
     return {**record, "head": "kept" if keep else "re-initialised", "head_why": why}
+
+
+def init_settings(merged: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``arch``, ``init`` and ``init_from`` of a warm start configured as ``merged`` (``given``: what the
+    user set). The architecture is the source's (an ``arch`` given beside it must name the same); the
+    head decision and the weights' fit are checked against the training split where it can be read
+    without a download (else when the run starts)."""
+    from jemeval.data import input_shape_of, load_dataset, num_classes_of
+    from jemeval.evaluation.classes import data_classes
+    from jemeval.formats.load import is_model_source
+
+    source = merged["init"]
+    if isinstance(source, str) and not is_model_source(source):
+        source = os.path.abspath(os.path.expanduser(source))
+    arch, record, model = describe_source(source, download=bool(merged.get("download")))
+    if "arch" in given and str(given["arch"]) != arch:
+        raise UsageError(f"arch={given['arch']!r} and init={merged['init']!r} (a {arch} network) both name the "
+                         "architecture; drop arch: a warm start keeps its source's", param="arch")
+    try:
+        ds = load_dataset(merged["dataset"], "train", root=merged.get("data_root"), download=False)
+    except JemevalError:
+        return {"arch": arch, "init": source, "init_from": record}
+    record = check_fits(model, record, num_classes_of(ds), tuple(input_shape_of(ds)), data_classes(ds).names)
+    return {"arch": arch, "init": source, "init_from": record}
 
 
 def head_decision(record: dict[str, Any], num_classes: int, names: tuple[str, ...] | None) -> tuple[bool, str]:
@@ -98,7 +122,7 @@ def warm_start(model: EnergyModel, record: dict[str, Any], names: tuple[str, ...
     loaded = load_model(source, download=download)
     sha = (loaded.metadata.get("checkpoint") or {}).get("sha256")
     if record.get("sha256") and sha != record["sha256"]:
-        raise UsageError(f"--init {source!r} changed since the run was configured (SHA-256 {sha} instead of "
+        raise UsageError(f"init {source!r} changed since the run was configured (SHA-256 {sha} instead of "
                          f"{record['sha256']}); configure the run again", param="init")
     if "head" in record:  # decided when the run was configured
         keep, why = record["head"] == "kept", record["head_why"]
@@ -122,7 +146,7 @@ def head_parameters(net: nn.Module, num_classes: int) -> list[str]:
             last = name
     if last is None:
         raise UsageError(f"the architecture has no layer with one output per class ({num_classes}) to re-initialise; "
-                         "--init needs a classifier whose last layer is linear", param="init")
+                         "init needs a classifier whose last layer is linear", param="init")
     prefix = f"{last}." if last else ""
     return [k for k in net.state_dict() if k.startswith(prefix) and "." not in k[len(prefix):]]
 
@@ -133,13 +157,13 @@ def copy_weights(src: nn.Module, dst: nn.Module, *, skip: set[str], source: str,
     theirs, ours = src.state_dict(), dst.state_dict()
     missing = [k for k in ours if k not in skip and k not in theirs]
     if missing:
-        raise UsageError(f"--init {source!r} has no weight {missing[0]!r} that this run's network has "
+        raise UsageError(f"init {source!r} has no weight {missing[0]!r} that this run's network has "
                          f"({len(missing)} missing); the architectures differ", param="init")
     for key in ours:
         if key in skip:
             continue
         if theirs[key].shape != ours[key].shape:
-            raise UsageError(f"--init {source!r}: weight {key!r} is {tuple(theirs[key].shape)} there and "
+            raise UsageError(f"init {source!r}: weight {key!r} is {tuple(theirs[key].shape)} there and "
                              f"{tuple(ours[key].shape)} for this data; the source was built for inputs of "
                              "another shape (channels or size) than these images", param="init")
     if check_only:
