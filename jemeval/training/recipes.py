@@ -109,7 +109,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: SGLD (step 1) finds samples the p(x) term then pulls up hard, and Adam, normalising each weight's
 #: step, follows that term alone while the cross-entropy's gradient is ~0: every setting with the
 #: release's step size or p(x) weight lost 15-50 points of validation accuracy within 2-3 epochs or hit
-#: the energy-gap check (docs/training.md, "Warm start from a classifier", 14 settings measured). Small
+#: the energy-gap check (docs/training.md, "Warm start from a classifier", 17 settings measured). Small
 #: SGLD steps (0.01) keep the samples near the chains' energies, a p(x) weight of 0.01 keeps the
 #: cross-entropy in charge, and a tenth of the run's lr and of its epochs (at least 2) suffice.
 FINETUNE = {"px_weight": 0.01, "sgld_lr": 0.01, "energy_l2": 0.0, "warmup_iters": 0, "decay_epochs": ()}
