@@ -22,7 +22,6 @@ silently would train something that is neither the source nor a fresh network.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from torch import nn
 
 from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError, UsageError
+from jemeval.evaluation.classes import _key  # class names matched as the label-space check matches them
 from jemeval.registry import Spec
 
 
@@ -106,10 +106,6 @@ def head_decision(record: dict[str, Any], num_classes: int, names: tuple[str, ..
                        f"{num_classes} classes by number, not by name)")
     named = " and names" if theirs and names else ""
     return True, f"the same {num_classes} classes{named}"
-
-
-def _key(name: str) -> str:
-    return re.sub(r"[\s_-]+", " ", str(name)).strip().casefold()
 
 
 def warm_start(model: EnergyModel, record: dict[str, Any], names: tuple[str, ...] | None, *,
