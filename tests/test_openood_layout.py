@@ -211,3 +211,50 @@ def test_an_unknown_openood_set_or_benchmark_is_one_line(timm_resnet18, tmp_path
     _refused(["--ood", "openood:imagenet/ssb"], root, "no OOD set 'ssb' (did you mean 'ssb_hard'?)", tmp_path)
     _refused(["--ood", "openood:imagenet2OO/ninco"], root,
              "no benchmark 'imagenet2OO' (did you mean 'imagenet' or 'imagenet200'?)", tmp_path)
+
+
+# -- item 5: the report's OpenOOD export on the ImageNet benchmark -------------------------------------
+IMAGENET_FILE = json.loads((Path(__file__).parent / "data" / "leaderboards" / "openood_v1.5_imagenet1k.json")
+                           .read_text(encoding="utf-8"))
+
+
+def test_report_exports_openoods_imagenet_columns(timm_resnet18, torchvision_resnet18, tmp_path):  # noqa: F811
+    """``report --id imagenet --ood near,far --model timm:... --model torchvision:... --export openood``
+    writes OpenOOD's ImageNet file: its header, one number a cell as its imagenet1k_ood.csv holds them
+    (kept in tests/data/leaderboards with its source), the near/far means and the accuracy of the report,
+    Arch the library's model name and Additional_Description as OpenOOD describes such weights."""
+    import csv
+    import re
+
+    root = openood_tree(tmp_path / "data")
+    out = tmp_path / "rep"
+    args = ["report", "--out", str(out), "--model", "timm:resnet18", "--model", "torchvision:resnet18", "--id",
+            "imagenet", "--ood", "near,far", "--sections", "accuracy,ood", "--score", "maxprob,energy",
+            "--refine-steps", "0", "--data-root", str(root), "--device", "cpu", "--export", "openood",
+            "--set", "export.outlier_data=no", "--json"]
+    result = runner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + result.stderr
+    report = json.loads(result.stdout)
+    text = (out / "openood.csv").read_text(encoding="utf-8")
+    real = IMAGENET_FILE["first_lines"]
+    assert text.split("\n")[0] == real[0]
+    with open(out / "openood.csv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cell = re.compile(IMAGENET_FILE["number_cell"])
+    real_rows = list(csv.DictReader(real + IMAGENET_FILE["other_rows"]))
+    assert all(cell.fullmatch(r[k]) for r in real_rows for k in ("Near-OOD_AUROC", "Far-OOD_AUROC", "ID_Accuracy"))
+    assert [(r["Training"], r["Postprocessor"]) for r in rows] == [
+        (m, p) for m in ("timm:resnet18", "torchvision:resnet18") for p in ("MSP", "EBO")]
+    expected = {"timm:resnet18": ("resnet18.a1_in1k", "timm ckpt"),
+                "torchvision:resnet18": ("resnet18", "torchvision ckpt IMAGENET1K_V1")}
+    for row, score in zip(rows, ["maxprob", "energy"] * 2):
+        model = row["Training"]
+        mine = [r for r in report["records"] if r["section"] == "ood" and r["model"] == model and r["score"] == score]
+        for group, field in (("near", "Near-OOD_AUROC"), ("far", "Far-OOD_AUROC")):
+            members = [r["auroc"] for r in mine if r["group"] == group and r["ood"] != group]
+            assert len(members) == (2 if group == "near" else 3)
+            assert cell.fullmatch(row[field]) and "±" not in row[field]
+            assert row[field] == f"{100 * np.mean(members):.2f}"
+        (acc,) = [r["accuracy"] for r in report["records"] if r["section"] == "accuracy" and r["model"] == model]
+        assert row["ID_Accuracy"] == f"{100 * acc:.2f}"
+        assert (row["Arch"], row["Additional_Description"], row["Outlier_Data"]) == (*expected[model], "No")
