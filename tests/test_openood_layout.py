@@ -125,6 +125,26 @@ def test_openood_cifar10_reads_its_lists_with_its_set_names(timm_resnet18, tmp_p
         ("mnist", "far"), ("svhn", "far"), ("texture", "far"), ("places365", "far"), ("far", "far")]
 
 
+def test_a_train_list_without_its_images_is_no_split_and_one_with_them_is_checked(timm_resnet18, tmp_path):  # noqa: F811
+    """OpenOOD's script leaves train_imagenet.txt without ImageNet's training images: that split is not
+    there, and ood runs. With its images there, an evaluated image that is also a training image is said."""
+    root = openood_tree(tmp_path / "data")
+    lists = root / "benchmark_imglist" / "imagenet"
+    (lists / "train_imagenet.txt").write_text("imagenet_1k/train/n01440764/a.JPEG 0\nimagenet_1k/train/b.JPEG 1\n")
+    args = ["--ood", "ssb_hard", "--score", "maxprob", "--json"]
+    result = _ood(args, root)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "train split" not in result.stderr
+    first_test = root / "images_largescale" / "imagenet_1k" / "val" / "ILSVRC2012_val_00000001.JPEG"
+    for rel in ("imagenet_1k/train/n01440764/a.JPEG", "imagenet_1k/train/b.JPEG"):
+        (root / "images_largescale" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / "images_largescale" / "imagenet_1k/train/n01440764/a.JPEG").write_bytes(first_test.read_bytes())
+    _jpeg(root / "images_largescale" / "imagenet_1k/train/b.JPEG", np.random.default_rng(9))
+    result = _ood(args, root)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "1 of the 6 test images of imagenet is also in imagenet's train split" in result.stderr
+
+
 def test_list_images_go_through_the_models_own_preprocessing(timm_resnet18, torchvision_resnet18,  # noqa: F811
                                                               tmp_path):
     """A list image through jemeval (its [-1, 1] input, then the model's normalisation) equals the
