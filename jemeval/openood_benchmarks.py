@@ -1,8 +1,13 @@
 """OpenOOD v1.5's benchmarks as its download script leaves them on disk: which image list is which set.
 
 Source: https://github.com/Jingkang50/OpenOOD, ``openood/evaluation_api/datasets.py`` (``DATA_INFO``,
-v1.5), read through the code index: every set's name, images folder and list path below is its entry
-there. The download script (``scripts/download/download.py``) leaves a folder holding
+v1.5). Read through a code index: the versions of that file it holds from Jingkang50/OpenOOD itself
+predate v1.5's ImageNet sets (``species``, ``imagenet_21k`` as near-OOD); v1.5's entries below
+(near ``ssb_hard``, ``ninco``; far ``inaturalist``, ``textures`` in images_classic, ``openimage_o``;
+ImageNet-200 with its own ``benchmark_imglist/imagenet200/test_*.txt``; CIFAR unchanged) were read from
+copies of v1.5's file in other repositories of the index, which agree with each other and with OpenOOD's
+v1.5 paper and its ``results/imagenet1k_ood.csv``. The download script (``scripts/download/download.py``)
+leaves a folder holding
 
 * ``images_largescale/`` (ImageNet-1k val as ``imagenet_1k/``, ``ssb_hard/``, ``ninco/``,
   ``inaturalist/``, ``openimage_o/``, ...), ``images_classic/`` (``cifar10/``, ``tin/``, ``texture/``, ...),
