@@ -5,8 +5,8 @@ v1.5). Read through a code index: the versions of that file it holds from Jingka
 predate v1.5's ImageNet sets (``species``, ``imagenet_21k`` as near-OOD); v1.5's entries below
 (near ``ssb_hard``, ``ninco``; far ``inaturalist``, ``textures`` in images_classic, ``openimage_o``;
 ImageNet-200 with its own ``benchmark_imglist/imagenet200/test_*.txt``; CIFAR unchanged) were read from
-copies of v1.5's file in other repositories of the index, which agree with each other and with OpenOOD's
-v1.5 paper and its ``results/imagenet1k_ood.csv``. The download script (``scripts/download/download.py``)
+copies of v1.5's file in other repositories of the index (three of them, which agree with each other).
+The download script (``scripts/download/download.py``)
 leaves a folder holding
 
 * ``images_largescale/`` (ImageNet-1k val as ``imagenet_1k/``, ``ssb_hard/``, ``ninco/``,
