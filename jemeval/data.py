@@ -158,12 +158,15 @@ def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None 
                  **options: Any) -> Dataset:
     """The dataset registered as ``name`` (a spec) for ``split``, in the [-1, 1] input space.
 
-    Keyword options go to the dataset factory; the context options ``input_shape`` and ``n`` are
-    offered to factories that accept them (synthetic sets take the model's input shape).
+    Keyword options go to the dataset factory; the context options ``input_shape``, ``n``, ``seed``
+    and ``preprocess`` (a hub model's own resize and crop) are offered to factories that accept them
+    (synthetic sets take the model's input shape).
     """
     spec = parse_spec(name)
     factory = get_registry().get("dataset", spec.name)
-    context = {k: options.pop(k) for k in ("input_shape", "n", "seed") if k in options}
+    context = {k: options.pop(k) for k in ("input_shape", "n", "seed", "preprocess") if k in options}
+    if context.get("preprocess") is None:
+        context.pop("preprocess", None)
     opts = {**spec.options, **options}
     if spec.variant is not None:
         opts["variant"] = spec.variant

@@ -41,6 +41,7 @@ COMPONENT_PLUGINS = (
     "jemeval.builtins.models",
     "jemeval.builtins.datasets",
     "jemeval.builtins.ood_datasets",
+    "jemeval.builtins.openood_lists",
     "jemeval.builtins.scores",
     "jemeval.builtins.detectors",
     "jemeval.builtins.pytorch_ood_detectors",

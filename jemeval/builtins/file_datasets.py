@@ -54,17 +54,32 @@ def _rgb(image):
     return image.convert("RGB")
 
 
-def _resize_to(input_shape):
-    """torchvision transforms taking an image to ``input_shape`` (C, H, W): resize, crop, channels
-    (grey for 1 channel; RGB for 3, where a grey image's channel is repeated and a colour image stays
-    in colour: ``Grayscale(3)`` would make it grey)."""
+def _resize_to(input_shape, preprocess: dict | None = None):
+    """torchvision transforms taking an image to ``input_shape`` (C, H, W): channels (grey for 1
+    channel; RGB for 3, where a grey image's channel is repeated and a colour image stays in colour:
+    ``Grayscale(3)`` would make it grey), resize, centre crop. ``preprocess``: the model's own
+    (:func:`preprocessing_record`; a hub model's ``metadata["preprocessing"]``), else the shorter
+    side resized to the input's and bilinear, as jemeval's own models are fed."""
     from torchvision import transforms
 
     c, h, w = (int(s) for s in input_shape)
     if c not in (1, 3):
         raise UsageError(f"images can be made 1- or 3-channel, not {c}-channel (input shape {tuple(input_shape)})")
     channels = transforms.Grayscale(1) if c == 1 else transforms.Lambda(_rgb)
-    return (channels, transforms.Resize(min(h, w)), transforms.CenterCrop((h, w)))
+    record = preprocessing_record(input_shape, preprocess)
+    resize = record["resize"] if isinstance(record["resize"], int) else tuple(record["resize"])
+    mode = transforms.InterpolationMode(record["interpolation"])
+    return (channels, transforms.Resize(resize, interpolation=mode), transforms.CenterCrop((h, w)))
+
+
+def preprocessing_record(input_shape, preprocess: dict | None = None) -> dict:
+    """How images are brought to ``input_shape``, as provenance records it: ``resize`` (the shorter
+    side, or [H, W]), ``crop`` [H, W] (centre), ``interpolation`` and where they come from. The
+    model's own ``preprocess`` is used when its crop is the input shape (else the default)."""
+    h, w = (int(s) for s in tuple(input_shape)[1:])
+    if preprocess and list(preprocess.get("crop") or ()) == [h, w]:
+        return dict(preprocess)
+    return {"resize": min(h, w), "crop": [h, w], "interpolation": "bilinear", "from": "the model's input shape"}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ from jemeval.evaluation.inputs import (
     check_input_sigma,
     check_min,
     check_refine_steps,
+    model_data_options,
     prepare_model,
     stamp,
     training_dataset,
@@ -104,7 +105,7 @@ def evaluate(
 def evaluated_set(model, data: str, split: str, n: int | None, class_map: Any, *, context: RunContext):
     """(the seeded subset of ``data``'s ``split`` with its labels as the model's classes, the class
     alignment, the notes and provenance of the images the checkpoint has seen among them)."""
-    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
+    ds = load_dataset(data, split, context.data_root, context.download, **model_data_options(model))
     check_input_shape(model, ds, data)
     classes = class_alignment(model, ds, data, class_map)
     ds = subsample(classes.apply(ds), n, context.seed)

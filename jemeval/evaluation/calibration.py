@@ -44,6 +44,7 @@ from jemeval.evaluation.inputs import (
     check_input_shape,
     check_input_sigma,
     check_min,
+    model_data_options,
     prepare_model,
     stamp,
     training_dataset,
@@ -226,7 +227,7 @@ def calibrate(
     select_metrics("calibration", metrics)  # fail on a misspelt metric before computing anything
     model = prepare_model(model, context.device)
     data = data or training_dataset(model, param="data")
-    ds = load_dataset(data, split, context.data_root, context.download, input_shape=model.input_shape)
+    ds = load_dataset(data, split, context.data_root, context.download, **model_data_options(model))
     check_input_shape(model, ds, data)
     classes = class_alignment(model, ds, data, class_map)
     notes = [note] if (note := no_test_split_note(data, ds)) else []

@@ -73,6 +73,13 @@ def check_refine_steps(refine_steps: int | Sequence[int]) -> list[int]:
     return [int(k) for k in steps]
 
 
+def model_data_options(model) -> dict[str, Any]:
+    """What a dataset is offered of the model it feeds: its input shape, and its own preprocessing
+    (a hub model's resize, crop and interpolation, ``metadata["preprocessing"]``) where it records one."""
+    meta = getattr(model, "metadata", None) or {}
+    return {"input_shape": model.input_shape, "preprocess": meta.get("preprocessing")}
+
+
 def check_input_shape(model, dataset: Dataset, name: str) -> None:
     """A dataset whose images do not fit the model fails with both shapes named."""
     expected = tuple(getattr(model, "input_shape", ()) or ())

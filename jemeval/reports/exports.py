@@ -9,7 +9,11 @@ versioned schema of the report.json they read (alone: nothing is recomputed; old
   the accuracy section at K = 0 (the classifier the score reads). Postprocessor is OpenOOD's name for
   the score where it has one (maxprob -> MSP, logpx and energy -> EBO, ...), Training the model's name
   in the report, Arch jemeval's name of the architecture, Additional_Description the epochs the
-  checkpoints record ("20 epochs", OpenOOD's own use of it).
+  checkpoints record ("20 epochs", OpenOOD's own use of it). A hub model (``timm:``, ``torchvision:``,
+  ``pytorch-ood:``) has its library's model name as Arch and OpenOOD's description of such weights
+  ("torchvision ckpt IMAGENET1K_V1", "timm ckpt"). On OpenOOD's ImageNet benchmarks (``--id
+  imagenet``, ``imagenet200``) a single run's cell is the percentage alone (``76.02``), as its
+  ``results/imagenet1k_ood.csv`` and ``imagenet200_ood.csv`` write them; a seed group keeps ``± std``.
 * ``robustbench-<model>-<threat model>.json``: RobustBench's ``model_info`` file (its 12 keys in its
   order, then ``footnote`` and ``unreliable``); RobustBench keeps the threat model in the folder
   (``model_info/<dataset>/<threat_model>/``), so it is in the file's name, not in the file. The
@@ -48,6 +52,7 @@ from jemeval.reports.leaderboard_files import (
     THREAT_MODELS,
     eps_text,
     finite_numbers,
+    imagenet_report,
     openood_csv,
     openood_rows,
     report_models,
@@ -218,8 +223,9 @@ def export_texts(data: dict[str, Any], formats: Sequence[str], *, refine_steps: 
         rows = openood_rows(data, metadata, notes, gaps)
         problems += gaps
         if not gaps:  # the rest, as OpenOOD's converter reads the cells
+            single = imagenet_report(data)
             problems += [f"{OPENOOD_FILE} row {row['Training']} {row['Postprocessor']}: {p}" for row in rows
-                         for p in openood_problems(row)]
+                         for p in openood_problems(row, single=single)]
         texts[OPENOOD_FILE] = openood_csv(data, metadata)
     if "robustbench" in formats:
         why: dict[str, dict[str, str]] = {}

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jemeval.openood_benchmarks import ID_NAMES, benchmark_of
 from jemeval.reports.leaderboards import (
     OPENOOD_FIELDS,
     OPENOOD_NONE,
@@ -106,6 +107,7 @@ def openood_rows(data: dict[str, Any], metadata: Mapping[str, Any] | None = None
 def openood_row(data: dict[str, Any], model: dict[str, Any], score: str | None, records: list[dict[str, Any]],
                 meta: Mapping[str, Any], notes: list[str], gaps: list[str]) -> dict[str, Any]:
     name = model["name"]
+    single = imagenet_report(data)
     row: dict[str, Any] = dict.fromkeys(OPENOOD_FIELDS)
     row["Training"] = name
     where = f"{OPENOOD_FILE} {name}" + (f" {score}" if score else "")
@@ -115,24 +117,52 @@ def openood_row(data: dict[str, Any], model: dict[str, Any], score: str | None, 
         row["Postprocessor"] = POSTPROCESSORS.get(score.split(":")[0], score)
         for group, field in (("near", "Near-OOD_AUROC"), ("far", "Far-OOD_AUROC")):
             row[field] = openood_cell(finite_numbers([r.get("auroc") for r in records
-                                                if r.get("group") == group and r.get("ood") == group]))
+                                                if r.get("group") == group and r.get("ood") == group]),
+                                      single=single)
             if row[field] == OPENOOD_NONE:
                 notes.append(f"{where}: {field} is '/': " + _missing(
                     data, "ood", name, f"the report has no {group} group (run it with --ood near,far)"))
-    row["ID_Accuracy"] = openood_cell(_accuracies(data, name, 0))
+    row["ID_Accuracy"] = openood_cell(_accuracies(data, name, 0), single=single)
     if row["ID_Accuracy"] == OPENOOD_NONE:
         notes.append(f"{where}: ID_Accuracy is '/': " + _missing(data, "accuracy", name, "no accuracy record at K = 0"))
     if "outlier_data" in meta:
         row["Outlier_Data"] = "Yes" if meta["outlier_data"] else "No"
     else:
         gaps.append(f"{where}: Outlier_Data would be empty: outlier_data is not in the export metadata")
-    row["Arch"] = meta.get("architecture") or _arch(data, model, sep=" ")
+    hub = _hub_checkpoint(data, name)
+    row["Arch"] = meta.get("architecture") or (hub[1] if hub else _arch(data, model, sep=" "))
     if not row["Arch"]:
         gaps.append(f"{where}: Arch would be empty: the report does not record the architecture (give "
                     "export.architecture)")
     epochs = _epochs(data, name)
-    row["Additional_Description"] = meta.get("description") or (f"{epochs} epochs" if epochs else "")
+    row["Additional_Description"] = meta.get("description") or (f"{epochs} epochs" if epochs else
+                                                                hub[2] if hub else "")
     return row
+
+
+def imagenet_report(data: dict[str, Any]) -> bool:
+    """Whether the report's OOD section is OpenOOD's ImageNet-1k or ImageNet-200 benchmark (its ID
+    set), whose result files (``results/imagenet1k_ood.csv``, ``imagenet200_ood.csv``) write one
+    number a cell."""
+    ids = {str(r["id"]) for r in data.get("records", []) if r.get("section") == "ood" and r.get("id")}
+    found = [benchmark_of(i) for i in ids]
+    return bool(found) and all(b is not None and b.name in ID_NAMES for b in found)
+
+
+#: the hub sources whose weights OpenOOD describes by their library ("torchvision ckpt")
+_HUB_LIBRARIES = ("timm", "torchvision", "pytorch-ood")
+
+
+def _hub_checkpoint(data: dict[str, Any], model: str) -> tuple[str, str, str] | None:
+    """(library, the library's model name, OpenOOD's description: "torchvision ckpt IMAGENET1K_V1") of
+    a model loaded from a hub source (``timm:``, ``torchvision:``, ``pytorch-ood:``), else None."""
+    for run in data.get("runs", []):
+        ckpt = (run.get("provenance") or {}).get("checkpoint") if run.get("model") == model else None
+        library = str((ckpt or {}).get("source") or "").partition(":")[0]
+        if library in _HUB_LIBRARIES and ckpt.get("name"):
+            weights = str(ckpt.get("revision") or "").rpartition(".")[2] if library == "torchvision" else ""
+            return library, str(ckpt["name"]).replace("/", "-"), f"{library} ckpt" + (f" {weights}" if weights else "")
+    return None
 
 
 def openood_csv(data: dict[str, Any], metadata: Mapping[str, Any] | None = None) -> str:

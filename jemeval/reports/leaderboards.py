@@ -39,20 +39,26 @@ from jemeval.errors import UsageError, did_you_mean
 OPENOOD_FIELDS = ("Training", "Postprocessor", "Near-OOD_AUROC", "Far-OOD_AUROC", "ID_Accuracy", "Outlier_Data",
                   "Arch", "Additional_Description")
 OPENOOD_NUMBERS = ("Near-OOD_AUROC", "Far-OOD_AUROC", "ID_Accuracy")
-#: OpenOOD's number cell: percent mean ± population std, two decimals each; ``/`` where there is none
+#: OpenOOD's number cell: percent mean ± population std, two decimals each; ``/`` where there is none.
+#: Its ImageNet files (``results/imagenet1k_ood.csv``, ``imagenet200_ood.csv``: one checkpoint each)
+#: hold the percentage alone (``76.02``); its converter reads the first number of either form
 OPENOOD_CELL = re.compile(r"\d+\.\d\d ± \d+\.\d\d|/")
+OPENOOD_SINGLE_CELL = re.compile(r"\d+\.\d\d( ± \d+\.\d\d)?|/")
 OPENOOD_NONE = "/"
 #: the columns OpenOOD's converter names a file after (Arch with "/" replaced by "-")
 OPENOOD_NAMING = ("Training", "Postprocessor", "Arch", "Additional_Description")
 FILE_NAME_BYTES = 255
 
 
-def openood_cell(values: Sequence[float]) -> str:
+def openood_cell(values: Sequence[float], *, single: bool = False) -> str:
     """OpenOOD's cell of fractions ``values`` (one per training run): percent ``mean ± std`` with
-    numpy's std (ddof 0, as its eval_ood.py), ``± 0.00`` for one run, ``/`` for none."""
+    numpy's std (ddof 0, as its eval_ood.py), ``± 0.00`` for one run, ``/`` for none. ``single``:
+    one run is the percentage alone, as OpenOOD's ImageNet files write it (``76.02``)."""
     if not values:
         return OPENOOD_NONE
     percent = [100 * float(v) for v in values]
+    if single and len(percent) == 1:
+        return f"{percent[0]:.2f}"
     mean = math.fsum(percent) / len(percent)
     std = math.sqrt(math.fsum((p - mean) ** 2 for p in percent) / len(percent))
     return f"{mean:.2f} ± {std:.2f}"
@@ -65,8 +71,9 @@ def openood_file_name(row: Mapping[str, str]) -> str:
     return (name + ".json").replace(" ", "_")
 
 
-def openood_problems(row: Mapping[str, Any]) -> list[str]:
-    """What in one openood.csv row OpenOOD's converter would crash on or misread; [] when none."""
+def openood_problems(row: Mapping[str, Any], *, single: bool = False) -> list[str]:
+    """What in one openood.csv row OpenOOD's converter would crash on or misread; [] when none.
+    ``single``: an ImageNet benchmark's row, whose cells may be the percentage alone."""
     problems = [f"{k} is missing" for k in OPENOOD_FIELDS if k not in row]
     if problems:
         return problems
@@ -79,8 +86,9 @@ def openood_problems(row: Mapping[str, Any]) -> list[str]:
     for key in ("Training", "Postprocessor", "Additional_Description"):
         if "/" in str(row[key] or ""):
             problems.append(f"{key} {row[key]!r} holds '/' (OpenOOD names a file after it)")
-    problems += [f"{k} {row[k]!r} is not 'xx.xx ± y.yy' or '/'" for k in OPENOOD_NUMBERS
-                 if not (isinstance(row[k], str) and OPENOOD_CELL.fullmatch(row[k]))]
+    grammar = OPENOOD_SINGLE_CELL if single else OPENOOD_CELL
+    problems += [f"{k} {row[k]!r} is not 'xx.xx ± y.yy'{', xx.xx' if single else ''} or '/'" for k in OPENOOD_NUMBERS
+                 if not (isinstance(row[k], str) and grammar.fullmatch(row[k]))]
     if row["Outlier_Data"] not in ("Yes", "No"):
         problems.append(f"Outlier_Data {row['Outlier_Data']!r} is not Yes or No")
     if not problems and len(openood_file_name(row).encode()) > FILE_NAME_BYTES:

@@ -12,6 +12,7 @@ normalised as (p - m) / s are (x - (2m - 1)) / (2s).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -64,15 +65,46 @@ def pixel_normalization(mean, std) -> dict:
 
 def wrapped(net: nn.Module, *, arch: str, options: dict, num_classes: int, shape, mean, std, record: dict,
             dataset: str | None = None, classes: list[str] | None = None,
-            class_ids: list[str] | None = None) -> EnergyModel:
+            class_ids: list[str] | None = None, preprocessing: dict | None = None) -> EnergyModel:
     """The EnergyModel of a pretrained network (weights checked finite, eval mode). ``classes`` and
     ``class_ids`` (other names of the same classes: ImageNet synsets) let a dataset's class names be
-    matched to the model's classes (:mod:`jemeval.evaluation.classes`)."""
+    matched to the model's classes (:mod:`jemeval.evaluation.classes`); ``preprocessing`` is how the
+    library feeds it images (resize, centre crop, interpolation), which image files then go through."""
     check_finite(net.state_dict(), "its weights", record["path"])
     return EnergyModel(net.eval(), num_classes=num_classes, input_shape=tuple(int(v) for v in shape), arch=arch,
                        arch_options=options, normalization=pixel_normalization(mean, std),
                        metadata={"dataset": dataset, "classes": classes, "class_ids": class_ids, "checkpoint": record,
-                                 "provenance": {}})
+                                 "preprocessing": preprocessing, "provenance": {}})
+
+
+def timm_preprocessing(net: nn.Module) -> dict | None:
+    """timm's evaluation transform of ``net`` (``resolve_model_data_config``: input size, crop_pct,
+    crop_mode, interpolation) as resize + centre crop, as timm's ``transforms_imagenet_eval`` builds
+    it: the resize is floor(size / crop_pct). None for a crop mode other than centre or squash, or a
+    non-square centre crop (timm keeps the ratio there): files then get jemeval's default."""
+    from timm.data import resolve_model_data_config
+
+    cfg = resolve_model_data_config(net)
+    size = [int(v) for v in cfg["input_size"][1:]]
+    crop_pct, mode = float(cfg.get("crop_pct") or 1.0), cfg.get("crop_mode") or "center"
+    scale = [math.floor(v / crop_pct) for v in size]
+    if mode == "squash":
+        resize = scale
+    elif mode == "center" and scale[0] == scale[1]:
+        resize = scale[0]
+    else:
+        return None
+    return {"resize": resize, "crop": size, "interpolation": str(cfg["interpolation"]), "crop_pct": crop_pct,
+            "crop_mode": mode, "from": "timm pretrained_cfg (resolve_model_data_config)"}
+
+
+def torchvision_preprocessing(t) -> dict:
+    """torchvision's ``weights.transforms()`` (``ImageClassification``: resize_size, crop_size,
+    interpolation) as resize + centre crop."""
+    resize = [int(v) for v in t.resize_size]
+    crop = [int(v) for v in t.crop_size] * (2 if len(t.crop_size) == 1 else 1)
+    return {"resize": resize[0] if len(resize) == 1 else resize, "crop": crop,
+            "interpolation": t.interpolation.value, "from": "torchvision weights.transforms()"}
 
 
 def _call(what: str, path: Path | None, build: Callable[[], nn.Module]) -> nn.Module:
@@ -122,7 +154,7 @@ def resolve_timm(spec: str) -> Resolved:
         classes, ids = _timm_classes(net, k)
         return wrapped(net, arch="timm", options={"variant": pc.get("architecture") or arch}, num_classes=k,
                        shape=pc["input_size"], mean=pc["mean"], std=pc["std"], record=record,
-                       classes=classes, class_ids=ids)
+                       classes=classes, class_ids=ids, preprocessing=timm_preprocessing(net))
 
     return Resolved(cached_hub_file(repo, files, revision or None, what), load)
 
@@ -176,7 +208,7 @@ def resolve_torchvision(spec: str) -> Resolved:
         k = len(classes) if classes else _outputs(net)
         return wrapped(HeadFeatures(net), arch="torchvision", options=options, num_classes=k,
                        shape=(3, t.crop_size[0], t.crop_size[-1]), mean=t.mean, std=t.std, record=record,
-                       classes=classes)
+                       classes=classes, preprocessing=torchvision_preprocessing(t))
 
     return Resolved(regular_file(path, what) if path.exists() else None, load)
 

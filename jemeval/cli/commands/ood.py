@@ -73,6 +73,8 @@ def cli(model_path, ood, id, split, scores, tune_on, fit_on, fit_n, metrics, n, 
       jemeval ood --model runs/digits/best.pt --ood uniform,constant,interp,gaussian --plot ood.png
       jemeval ood --model runs/digits/best.pt --ood near,far \\
           --score logpx,maxprob,energy,knn,vim,odin
+      jemeval ood --model timm:resnet50 --data-root ~/OpenOOD/data --id imagenet \\
+          --ood near,far --score maxprob,energy
     """
     from jemeval.artifacts import save_ood_scores
     from jemeval.evaluation.ood.evaluate import evaluate_ood

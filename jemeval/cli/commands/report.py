@@ -108,9 +108,10 @@ def export_option(ctx, param, value):
                    "rerun finish a killed report. A new or empty folder, or one a report wrote (listed in its "
                    ".jemeval-report.json); a folder holding other files is refused.")
 @click.option("--force", is_flag=True, help="Recompute every section instead of reusing the cached results.")
-@dataset_option("--data", default=None,
-                help="Dataset of every section (accuracy, calibration, OOD in-distribution, robust). Default: "
-                     "the models' training dataset.")
+@dataset_option("--data", "--id", "data", default=None,
+                help="Dataset of every section (accuracy, calibration, OOD in-distribution, robust); --id is the "
+                     "same option, as ood names it (--id imagenet: OpenOOD's lists). Default: the models' training "
+                     "dataset.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=None,
               help="Seeded random subset of N examples in accuracy, calibration, ood and robust.")
 @noise_option("input_sigma", default=None, old_sigma=True,

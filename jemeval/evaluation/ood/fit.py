@@ -52,7 +52,7 @@ from jemeval.data import (
 )
 from jemeval.errors import UsageError
 from jemeval.evaluation.batching import ScoreFn, run_batches
-from jemeval.evaluation.inputs import check_input_shape
+from jemeval.evaluation.inputs import check_input_shape, model_data_options
 from jemeval.evaluation.ood.sets import fit_part, same_dataset, shares_fit_images
 from jemeval.plugins import get_plugin_manager, get_registry
 from jemeval.provenance import content_sha256
@@ -77,7 +77,7 @@ def fit_sets(model, id_name: str, *, fit_on: str | None = None, fit_n: int | Non
     in-distribution set evaluated, whose images are never among them; the context gives the seed of
     every seeded choice and where the datasets are."""
     spec, seed, data_root, download = fit_on or id_name, context.seed, context.data_root, context.download
-    train = load_dataset(spec, "train", data_root, download, input_shape=model.input_shape)
+    train = load_dataset(spec, "train", data_root, download, **model_data_options(model))
     try:  # as the OOD sets are checked: a wrong shape is one line, not a convolution's RuntimeError
         check_input_shape(model, train, spec)
     except UsageError as exc:
@@ -90,7 +90,7 @@ def fit_sets(model, id_name: str, *, fit_on: str | None = None, fit_n: int | Non
         info["split"] = f"a seeded {len(train)} of its images, left out of the in-distribution evaluation"
     elif "val" in (declared_splits(train) or ()):  # the dataset's own validation split: all of train fits
         if tune:
-            tune_id = load_dataset(spec, "val", data_root, download, input_shape=model.input_shape)
+            tune_id = load_dataset(spec, "val", data_root, download, **model_data_options(model))
             info["held_out"] = f"{spec} val split, for tuning"
     else:
         held = held_out_indices(model, spec, len(train))

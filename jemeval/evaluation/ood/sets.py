@@ -28,7 +28,8 @@ from typing import Any
 from jemeval.context import RunContext
 from jemeval.data import absolute_spec, has_test_split, holdout_parts, load_dataset, no_test_split_note, subsample, take
 from jemeval.errors import UsageError
-from jemeval.evaluation.inputs import check_input_shape
+from jemeval.evaluation.inputs import check_input_shape, model_data_options
+from jemeval.openood_benchmarks import benchmark_of, list_spec
 from jemeval.registry import Spec, parse_spec
 from jemeval.seen_images import check_evaluated
 
@@ -56,9 +57,10 @@ def held_out_classes(id_name: str, num_classes: int | None) -> str | None:
 def group_sets(group: str, id_name: str, num_classes: int | None = None) -> list[str]:
     """The OOD set specs of ``group`` for the in-distribution set ``id_name``."""
     base = parse_spec(id_name).name
-    groups = GROUPS.get(base)
+    benchmark = benchmark_of(id_name)
+    groups = {g: list(sets) for g, sets in benchmark.groups.items()} if benchmark else GROUPS.get(base)
     if groups is None:
-        known = ", ".join(sorted(GROUPS))
+        known = ", ".join([*sorted(GROUPS), "imagenet", "imagenet200", "openood:cifar10", "openood:cifar100"])
         raise UsageError(f"OOD group {group!r} is defined for the in-distribution sets {known}, not {id_name!r}; "
                          "name the OOD sets instead (e.g. 'uniform,svhn')", param="ood")
     sets = list(groups[group])
@@ -95,6 +97,9 @@ OF_ID_SET = ("interp", "rotate", "flip")
 def expand_ood_name(name: str, id_name: str) -> tuple[str, str, dict[str, Any]]:
     """(label, spec to load, extra options): a bare ``interp`` (``rotate``, ``flip``) means interp of the ID set."""
     spec = parse_spec(name)
+    benchmark = benchmark_of(id_name)
+    if benchmark and name in benchmark.ood_sets:  # OpenOOD's set of this benchmark, read from its list
+        return name, list_spec(benchmark.name, name), {}
     if spec.name in OF_ID_SET and spec.variant is None and "base" not in spec.options and spec.classes is None:
         # the base goes in as an option, so an ID spec with classes (digits[0-4]) stays whole
         return str(Spec(spec.name, id_name, dict(spec.options))), name, {"base": id_name}
@@ -108,7 +113,7 @@ def load_ood_set(model, name: str, id_name: str, id_size: int, *, split: str, n:
     label, spec, extra = expand_ood_name(name, id_name)
     if label == id_name:
         raise UsageError(f"OOD set {name!r} is the in-distribution set itself; choose another dataset")
-    ds = load_dataset(spec, split, context.data_root, context.download, input_shape=model.input_shape, n=id_size,
+    ds = load_dataset(spec, split, context.data_root, context.download, **model_data_options(model), n=id_size,
                       seed=context.seed, **extra)
     ds = subsample(ds, n, context.seed)
     check_input_shape(model, ds, label)
@@ -146,7 +151,7 @@ def load_id_set(model, id_name: str, *, split: str, n: int | None, fits: bool, f
     left out for fitting, ``held_out``). ``fits``: detectors (or tuning) are fitted, on the train
     split of ``fit_on`` (default: the ID set)."""
     seed = context.seed
-    ds = load_dataset(id_name, split, context.data_root, context.download, input_shape=model.input_shape)
+    ds = load_dataset(id_name, split, context.data_root, context.download, **model_data_options(model))
     check_input_shape(model, ds, id_name)
     note = no_test_split_note(id_name, ds)
     info: dict[str, Any] = {"notes": [note] if note else []}

@@ -35,6 +35,7 @@ from jemeval.evaluation.inputs import (
     check_input_shape,
     check_min,
     check_refine_steps,
+    model_data_options,
     prepare_model,
     stamp,
     training_dataset,
@@ -158,7 +159,7 @@ def attack_inputs(model: EnergyModel, data: str, norm: str, epsilons: Sequence[f
                   context: RunContext, class_map: Any = None) -> Batches:
     """The seeded test subset on the model's device, labels as the model's classes (``class_map``), and the
     epsilons (defaults: the norm's list, without sizes the input cannot hold, e.g. large L2 on tiny images)."""
-    full = load_dataset(data, "test", root=context.data_root, download=context.download, input_shape=model.input_shape)
+    full = load_dataset(data, "test", root=context.data_root, download=context.download, **model_data_options(model))
     check_input_shape(model, full, data)
     classes = class_alignment(model, full, data, class_map)
     ds = subsample(classes.apply(full), n, seed=context.seed)
