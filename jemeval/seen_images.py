@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from jemeval.data import absolute_spec, declared_splits, has_test_split, held_out_indices, load_dataset
 from jemeval.errors import JemevalError, JemevalWarning, UsageError
-from jemeval.image_digests import Digests, base_and_rows, digests, same_images
+from jemeval.image_digests import Digests, base_and_rows, digests, digests_against, same_images
 from jemeval.registry import Spec, parse_spec
 
 #: how many of the images in two splits a message and the provenance name
@@ -83,7 +83,7 @@ def overlap(ds: Dataset, training: Callable[[], Dataset]) -> Overlap | None:
     mine = digests(ds)
     if mine is None:
         return None
-    theirs = digests(training())
+    theirs = digests_against(training(), mine)
     if theirs is None or theirs.kind != mine.kind:
         return None
     hit, match = same_images(mine, theirs)

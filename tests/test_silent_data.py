@@ -322,3 +322,56 @@ def test_train_workers_decode_in_dataloader_processes_with_the_same_run(work, mo
         assert runs["0"][key] == runs["2"][key]
     a, b = (read_checkpoint(work / f"run{w}" / "best.pt")["state_dict"] for w in ("0", "2"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _Files:
+    """Files as an image folder holds them (``files``, ``transform``): what the digests read."""
+
+    def __init__(self, files):
+        self.files, self.transform = list(files), None
+
+    def __len__(self):
+        return len(self.files)
+
+
+def test_a_training_split_is_read_whole_only_where_a_file_could_be_an_evaluated_one(tmp_path, monkeypatch):
+    """ImageNet's training split is 1.28 million files: only files of an evaluated file's size and edge
+    bytes are hashed, and what is found equals hashing every file (the reference: hashlib over all)."""
+    from jemeval import image_digests, seen_images
+
+    rng = np.random.default_rng(5)
+    edge = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    train, test = [], []
+    for i in range(60):  # sizes from a few values; ten share the first and last 4 KiB and differ within
+        size = int(rng.choice([700, 5000, 9000, 20000]))
+        body = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        if i < 10:
+            body = edge + rng.integers(0, 256, 1000, dtype=np.uint8).tobytes() + edge
+        (tmp_path / f"train{i}.jpg").write_bytes(body)
+        train.append(tmp_path / f"train{i}.jpg")
+    for j, k in enumerate([3, 17, 17, 41, 5]):  # copies of training files (two of one, one edge-sharing)
+        (tmp_path / f"copy{j}.jpg").write_bytes(train[k].read_bytes())
+        test.append(tmp_path / f"copy{j}.jpg")
+    near = bytearray(train[3].read_bytes())  # a file of train3's size and edges, another middle
+    near[5000] ^= 1
+    (tmp_path / "near.jpg").write_bytes(bytes(near))
+    (tmp_path / "other.jpg").write_bytes(b"x" * 123)
+    test += [tmp_path / "near.jpg", tmp_path / "other.jpg"]
+
+    read = []
+    monkeypatch.setattr(image_digests, "file_sha256", lambda f: read.append(Path(f)) or hashlib.sha256(
+        Path(f).read_bytes()).hexdigest())
+    found = seen_images.overlap(_Files(test), lambda: _Files(train))
+
+    sha = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in train + test}
+    reference = sorted((i, j) for i, f in enumerate(test) for j, g in enumerate(train) if sha[f] == sha[g])
+    got = sorted((int(i), int(found.training.rows[m])) for i, m in zip(found.hit, found.match))
+    assert got == reference == [(0, 3), (1, 17), (2, 17), (3, 41), (4, 5)]
+    def edges(f):
+        b = f.read_bytes()
+        return len(b), b[:4096] + b[-4096:] if len(b) >= 8192 else b
+
+    read_train = {f for f in read if f in train}
+    same_size = {f for f in train if f.stat().st_size in {g.stat().st_size for g in test}}
+    assert read_train == {f for f in train if edges(f) in {edges(g) for g in test}}
+    assert set(train[:10]) <= read_train < same_size  # the edge-sharing ten are told apart by SHA-256 only
