@@ -75,6 +75,7 @@ class TrainConfig:
     px_weight: float = 1.0
     pyx_weight: float = 1.0
     pxy_weight: float = 0.0
+    px_warmup_iters: int = 0  # the p(x), p(x, y) weights rise linearly to theirs over these iterations (0: at once)
     class_cond_px: bool = False  # p(x) negatives drawn class-conditionally (y ~ uniform), contrast on logsumexp
     energy_l2: float = 0.0  # authors' remedy: + energy_l2 * (mean E(data)^2 + mean E(samples)^2)
     # sampler
@@ -235,6 +236,7 @@ class TrainConfig:
             ("reinit_freq", 0.0 <= self.reinit_freq <= 1.0, "lie in [0, 1]"),
             ("decay_rate", 0.0 < self.decay_rate <= 1.0, "lie in (0, 1]"),
             ("warmup_iters", self.warmup_iters >= 0, "be >= 0"),
+            ("px_warmup_iters", self.px_warmup_iters >= 0, "be >= 0"),
             ("decay_epochs", all(e >= 1 for e in self.decay_epochs), "be positive epoch numbers"),
             ("momentum", 0.0 <= self.momentum < 1.0, "lie in [0, 1)"),
             ("val_size", self.val_size is None or self.val_size >= 0, "be >= 0"),
@@ -310,7 +312,8 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
     config = TrainConfig(**merged).validate()
     if parse_spec(dataset).name not in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
-        config = derive_from_data(config, [k for k in SCALED_KEYS if k not in given], now=True)
+        keys = [k for k in SCALED_KEYS if k not in given and not (k == "arch" and config.init)]  # init: SOURCE's
+        config = derive_from_data(config, keys, now=True)
     if config.recipe == "finetune":
         config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived)).validate()
     return config
@@ -339,12 +342,18 @@ def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now:
     own_val = "val" in (declared_splits(ds) or ())
     epochs = None if "epochs" in keys else config.epochs
     settings, why = scaled_defaults(n_images, config.batch_size, epochs=epochs, own_val=own_val,
-                                   arch=config.arch)
+                                   arch=config.arch, input_shape=_shape(ds))
     keys = [k for k in keys if k in settings]
     source = {"train_images": n_images, "own_val_split": own_val, "epochs": settings.get("epochs", config.epochs),
               "batch_size": config.batch_size}
     return config.replace(**{k: settings[k] for k in keys},
                           derived={"from": source, "settings": {k: why[k] for k in keys}}).validate()
+
+
+def _shape(ds) -> tuple[int, ...] | None:
+    """The image shape a dataset declares (None where it declares none: the network keeps its default)."""
+    shape = getattr(ds, "input_shape", None)
+    return tuple(int(s) for s in shape) if shape is not None else None
 
 
 def _length(ds) -> int:

@@ -15,7 +15,7 @@ Speed notes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -88,11 +88,14 @@ class TrainStep:
         return x
 
     # -- the iteration --------------------------------------------------------------------------
-    def __call__(self, x_lab: torch.Tensor, y_lab: torch.Tensor,
-                 x_data: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_data: torch.Tensor | None = None, *,
+                 sampling_scale: float = 1.0) -> dict[str, torch.Tensor]:
         """One update. ``x_data`` is the p(x) batch when it differs from the labelled one
-        (semi-supervised)."""
+        (semi-supervised); ``sampling_scale`` multiplies the p(x) and p(x, y) weights (the p(x) warm-up,
+        :func:`jemeval.training.trainer.sampling_weight_scale`)."""
         w = self.weights
+        if sampling_scale != 1.0:
+            w = replace(w, px=w.px * sampling_scale, pxy=w.pxy * sampling_scale)
         x_lab = self.prepare(x_lab)
         x_px = self.prepare(x_data) if (x_data is not None and w.px > 0) else None
         n = x_lab.shape[0]

@@ -124,6 +124,18 @@ def run_rate(config: TrainConfig, step: int, epoch: int, scale: float = 1.0) -> 
                          decay_rate=config.decay_rate, scale=scale)
 
 
+def sampling_weight_scale(config: TrainConfig, step: int) -> float:
+    """The share of ``px_weight`` and ``pxy_weight`` in force at iteration ``step`` (0-based): (step + 1)
+    / px_warmup_iters during the p(x) warm-up, then 1. A small set's classifier needs its first
+    iterations: at full weight from the start the p(x) term's gradients swamp cross-entropy's and a
+    10-class RGB folder sat near chance for 10 epochs (docs/data.md). Sampling runs from the first
+    iteration (the weight is never 0), and the share is a function of the counter only, so a resumed
+    run gets the same weights."""
+    if step < config.px_warmup_iters:
+        return (step + 1) / float(config.px_warmup_iters)
+    return 1.0
+
+
 def schedule_warning(config: TrainConfig, per_epoch: int) -> str | None:
     """One line naming what in ``config``'s schedule cannot happen in a run of ``per_epoch``
     iterations an epoch, or None: a warm-up longer than the run (the lr never reaches ``lr``), a
@@ -285,7 +297,8 @@ class Trainer:
                 x_lab, y_lab, x_data = batch(parts.data, position, index, size, parts.generator, parts.device)
                 for group in parts.optimizer.param_groups:
                     group["lr"] = run_rate(config, position.step, position.epoch, position.adjustments.lr_scale)
-                stats = self.train_step(x_lab, y_lab, x_data)
+                share = sampling_weight_scale(config, position.step)
+                stats = self.train_step(x_lab, y_lab, x_data, sampling_scale=share)
                 position.stats.add(stats, len(y_lab))
                 parts.monitor.record(position.step, stats)
                 position.step, position.batch = position.step + 1, index + 1

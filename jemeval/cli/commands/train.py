@@ -52,7 +52,8 @@ from jemeval.runtime.workers import default_workers
               "names where both record them), re-initialised otherwise (said in one line). Recorded; a --resume "
               "never reads SOURCE again. See --recipe finetune.")
 @click.option("--arch", help="Architecture spec, e.g. cnn, wrn:depth=28,widen=10,norm=none, timm:resnet18, igebm "
-                             "[default: per dataset].")
+                             "[default: per dataset; others cnn, cnn:stride=2 for images of 32 pixels a side or "
+                             "more].")
 @click.option("--epochs", type=int, help="Number of epochs [default: cifar/svhn 150; digits 20; others 20, or more for "
               "at least 500 iterations, at most 200].")
 @click.option("--out", "out", type=click.Path(file_okay=False), help="Run folder for best.pt, last.pt, metrics.csv, "
@@ -68,6 +69,9 @@ from jemeval.runtime.workers import default_workers
 @click.option("--pyx-weight", type=float, help="Weight of the cross-entropy p(y|x) term [default: 1].")
 @click.option("--pxy-weight", type=float,
               help="Weight of the p(x, y) contrast with class-conditional samples [default: 0].")
+@click.option("--px-warmup-iters", type=click.IntRange(min=0),
+              help="Iterations over which the p(x) and p(x, y) weights rise linearly to theirs, so the classifier "
+              "learns first [default: 0 (the paper's, digits'); others 20% of the run's iterations].")
 @click.option("--class-cond-px", is_flag=True, default=None,
               help="Draw the p(x) negatives class-conditionally (y uniform).")
 @click.option("--energy-l2", type=float,
@@ -247,7 +251,7 @@ def _config_title(config) -> str:
         names = ", ".join(k.replace("_", "-") for k in config.derived["settings"])
         title += (f"\nderived from the data ({source['train_images']} training-split images, batch "
                   f"{source['batch_size']}, {source['epochs']} epochs):\n{names};\nset one to null to derive "
-                  "it again (after changing epochs: warmup-iters, decay-epochs; docs/training.md)")
+                  "it again (after changing epochs: warmup-iters, px-warmup-iters, decay-epochs; docs/training.md)")
     return title
 
 
