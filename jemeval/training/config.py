@@ -342,18 +342,12 @@ def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now:
     own_val = "val" in (declared_splits(ds) or ())
     epochs = None if "epochs" in keys else config.epochs
     settings, why = scaled_defaults(n_images, config.batch_size, epochs=epochs, own_val=own_val,
-                                   arch=config.arch, input_shape=_shape(ds))
+                                   arch=config.arch, input_shape=getattr(ds, "input_shape", None))
     keys = [k for k in keys if k in settings]
     source = {"train_images": n_images, "own_val_split": own_val, "epochs": settings.get("epochs", config.epochs),
               "batch_size": config.batch_size}
     return config.replace(**{k: settings[k] for k in keys},
                           derived={"from": source, "settings": {k: why[k] for k in keys}}).validate()
-
-
-def _shape(ds) -> tuple[int, ...] | None:
-    """The image shape a dataset declares (None where it declares none: the network keeps its default)."""
-    shape = getattr(ds, "input_shape", None)
-    return tuple(int(s) for s in shape) if shape is not None else None
 
 
 def _length(ds) -> int:
