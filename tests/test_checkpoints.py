@@ -201,7 +201,7 @@ def test_checkpoint_options_are_allow_listed_by_the_architecture(tmp_path):
     """wrn/cnn take only their own options from a checkpoint; timm keeps ordinary options."""
     bad = _tensor_only(tmp_path, "cnn.pt", arch_options={"width": 4, "checkpoint_path": "x.pt"})
     with pytest.raises(CheckpointError, match=r"'checkpoint_path', which is refused: it is not an option of 'cnn' "
-                                              r"\(its options: width\)"):
+                                              r"\(its options: width, stride\)"):
         jemeval.load_model(bad)
     # a timm checkpoint with plain options still loads
     m = jemeval.create_model("timm:resnet18", 3, (3, 16, 16), drop_rate=0.1)

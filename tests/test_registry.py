@@ -77,10 +77,10 @@ def test_python_api_takes_plural_kinds_like_the_cli():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("cnn:widht=8", "model 'cnn' has no option 'widht' (did you mean 'width'?); its options: width"),
+    ("cnn:widht=8", "model 'cnn' has no option 'widht' (did you mean 'width'?); its options: width, stride"),
     ("wrn:widn=4",
      "model 'wrn' has no option 'widn' (did you mean 'widen'?); its options: depth, widen, norm, dropout"),
-    ("cnn:big", "model 'cnn' takes no ':big' variant, only key=value options (width), e.g. cnn:width=..."),
+    ("cnn:big", "model 'cnn' takes no ':big' variant, only key=value options (width, stride), e.g. cnn:width=..."),
 ])
 def test_model_options_are_checked_against_the_factory(spec, message):
     """Issue 11 item 14: `--arch cnn:widht=8` gave a TypeError text with neither the valid options nor a suggestion."""
