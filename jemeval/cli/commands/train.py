@@ -71,7 +71,7 @@ from jemeval.runtime.workers import default_workers
               help="Weight of the p(x, y) contrast with class-conditional samples [default: 0].")
 @click.option("--px-warmup-iters", type=click.IntRange(min=0),
               help="Iterations over which the p(x) and p(x, y) weights rise linearly to theirs, so the classifier "
-              "learns first [default: 0 (the paper's, digits'); others 20% of the run's iterations].")
+              "learns first [default: 0 (the paper's, digits'); others 40% of the run's iterations].")
 @click.option("--class-cond-px", is_flag=True, default=None,
               help="Draw the p(x) negatives class-conditionally (y uniform).")
 @click.option("--energy-l2", type=float,
