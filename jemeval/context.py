@@ -198,8 +198,6 @@ def shareable(load: Callable[..., Any]) -> Callable[..., Any]:
         shared = _SHARED_SETS.get()
         if shared is None:
             return load(name, split, root, download, **options)
-        if options.get("preprocess", "given") is None:  # load_dataset reads preprocess=None as not given
-            options.pop("preprocess")
         key = (str(name), str(split), None if root is None else os.fspath(root), bool(download),
                repr(sorted(options.items())))
         if key not in shared:

@@ -165,8 +165,6 @@ def load_dataset(name: str, split: str = "test", root: str | os.PathLike | None 
     spec = parse_spec(name)
     factory = get_registry().get("dataset", spec.name)
     context = {k: options.pop(k) for k in ("input_shape", "n", "seed", "preprocess") if k in options}
-    if context.get("preprocess") is None:
-        context.pop("preprocess", None)
     opts = {**spec.options, **options}
     if spec.variant is not None:
         opts["variant"] = spec.variant

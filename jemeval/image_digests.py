@@ -74,12 +74,17 @@ def digests(ds: Dataset) -> Digests | None:
     base, rows = base_and_rows(ds)
     if isinstance(base, StoredImages) and base.info.get("path") and base.info.get("array"):
         values, kind = _row_digests(base), f"row:{base.stored.dtype}:{tuple(base.stored.shape[1:])}"
-    elif isinstance(getattr(base, "files", None), list) and hasattr(base, "transform"):
+    elif _reads_files(base):
         values, kind = _file_digests(base.files), "file"
     else:
         return None
     rows = np.arange(len(base)) if rows is None else rows
     return Digests(kind, values[rows], base, rows)
+
+
+def _reads_files(base: Dataset) -> bool:
+    """Whether ``base`` reads its images from files (an image folder, a list of files)."""
+    return isinstance(getattr(base, "files", None), list) and hasattr(base, "transform")
 
 
 def digests_against(training: Dataset, evaluated: Digests) -> Digests | None:
@@ -89,7 +94,7 @@ def digests_against(training: Dataset, evaluated: Digests) -> Digests | None:
     (numpy hashes an npz at memory speed). :func:`same_images` on the result finds exactly what it finds
     on every training image's digest (tested against hashing them all)."""
     base, rows = base_and_rows(training)
-    if evaluated.kind != "file" or not isinstance(getattr(base, "files", None), list) or not hasattr(base, "transform"):
+    if evaluated.kind != "file" or not _reads_files(base):
         return digests(training)
     rows = np.arange(len(base)) if rows is None else rows
     keep = _could_equal([base.files[r] for r in rows], [evaluated.base.files[r] for r in evaluated.rows])

@@ -77,7 +77,8 @@ def model_data_options(model) -> dict[str, Any]:
     """What a dataset is offered of the model it feeds: its input shape, and its own preprocessing
     (a hub model's resize, crop and interpolation, ``metadata["preprocessing"]``) where it records one."""
     meta = getattr(model, "metadata", None) or {}
-    return {"input_shape": model.input_shape, "preprocess": meta.get("preprocessing")}
+    preprocess = meta.get("preprocessing")  # offered only where recorded: a set is loaded (and shared) as before
+    return {"input_shape": model.input_shape, **({"preprocess": preprocess} if preprocess else {})}
 
 
 def check_input_shape(model, dataset: Dataset, name: str) -> None:
