@@ -116,7 +116,10 @@ def run(spec: str, settings: dict, seed: int, test: tuple, out: Path) -> dict:
         status, recoveries = "diverged", None
     rows = _metrics(out / "metrics.csv")
     epochs = [r for r in rows if not r.get("event")]
-    for point, row in zip(curve, epochs):  # rolled-back epochs have a point but their row was replaced
+    by_epoch, kept = {int(r["epoch"]): r for r in epochs}, set()
+    for point in reversed(curve):  # a rolled-back epoch has two points; its row is the kept (later) one's
+        row = by_epoch.get(point["epoch"], {}) if point["epoch"] not in kept else {}
+        kept.add(point["epoch"])
         point.update({k: row.get(k) for k in ("train_acc", "val_acc", "loss", "energy_data", "energy_sample", "lr")})
     shown = ("epochs", "lr", "warmup_iters", "px_warmup_iters", "decay_epochs", "sgld_steps", "sgld_lr", "energy_l2",
              "arch", "px_weight", "recipe", "init")
@@ -155,13 +158,21 @@ def show(name: str, result: dict) -> None:
               f"{p['cpu']:7.1f}{flag}")
     last = result["curve"][-1] if result["curve"] else {"wall": float("nan"), "cpu": float("nan"), "epoch": 1}
     n = max(last["epoch"], 1)
-    best = max((p["test_acc"] for p in result["curve"]), default=0)
     print(f"# {name}: {result['status']}, {result['recoveries']} rollbacks, final test acc "
-          f"{last.get('test_acc', float('nan')):.4f}, best {best:.4f}; "
+          f"{last.get('test_acc', float('nan')):.4f}, best.pt's (first best validation epoch) {_best_pt(result):.4f}; "
           f"{last['wall']:.0f} s wall ({last['wall'] / n:.1f} an epoch), {last['cpu']:.0f} s CPU "
           f"({last['cpu'] / n:.1f} an epoch); load {result['load_start']:.2f} -> {result['load_end']:.2f}")
     for event in result["events"]:
         print(f"#   event: {event}")
+
+
+def _best_pt(result: dict) -> float:
+    """The test accuracy of the epoch best.pt holds: the first with the highest validation accuracy (the
+    trainer keeps a new best only when it is higher), not the highest test accuracy of any epoch."""
+    scored = [p for p in result["curve"] if isinstance(p.get("val_acc"), float)]
+    if not scored:
+        return float("nan")
+    return max(scored, key=lambda p: (p["val_acc"], -p["epoch"]))["test_acc"]
 
 
 def _f(value, width: int, digits: int) -> str:
