@@ -175,8 +175,9 @@ GENERIC_EPOCHS, MIN_ITERATIONS, MAX_EPOCHS = 20, 500, 200
 WARMUP_FRACTION, MAX_WARMUP = 0.05, 1000  # the paper's 1000 iterations are ~1% of its run; short runs need more
 #: The p(x) weight rises over this share of the run: at full weight from the first iteration, a 600-image
 #: 10-class RGB folder sat at chance in epochs 2-4 and ended at 0.635 test accuracy; over 20% of the run
-#: it ended at 0.635 too, over 40% at 0.765-0.775 with no epoch at chance (docs/data.md, "Your own RGB
-#: images"). The paper's CIFAR run and the digits recipe keep full weight from the start.
+#: it ended at 0.635 too, over 40% at 0.765-0.775 with no epoch at chance (one run each, seed 0; the only
+#: fractions tried; docs/data.md, "Your own RGB images"). The paper's CIFAR run and the digits recipe keep
+#: full weight from the start.
 PX_WARMUP_FRACTION = 0.4
 DECAY_FRACTIONS = (0.8, 0.9)  # the release's 160 and 180 of 200 epochs: a short run learns at full rate longest
 #: (training images, lr) of the two measured recipes; lr is log-linear in the set size between them
