@@ -2,11 +2,12 @@
 the release recipe on the same seeds.
 
     python benchmarks/warm_start.py [--seeds 0,...,9] [--release-seeds 0,1,2] [--arch cnn:width=32]
-        [--threads 1] [--json FILE]
+        [--classifier epochs=40,decay_epochs=30,augment=pad=1] [--threads 1] [--json FILE]
 
 Per seed, through the Python API in this process (``jemeval train`` does the same):
 
-* classifier: ``train digits --px-weight 0`` (the digits defaults: cnn:width=32, 20 epochs; no SGLD);
+* classifier: ``train digits --px-weight 0`` (the digits defaults: cnn:width=32, 20 epochs; no SGLD),
+  with ``--arch`` and the ``--classifier`` settings where given;
 * fine-tune:  ``train digits --init CLASSIFIER/last.pt --recipe finetune``;
 * release:    ``train digits --sgld-steps 20`` (the release's sampler on the digits defaults; only the
   ``--release-seeds``, the slowest part).
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from time_to_accuracy import parse_candidate
 
 from jemeval.evaluation.ood.evaluate import evaluate_ood
 from jemeval.training import resolve_config, train
@@ -57,15 +59,18 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
     parser.add_argument("--release-seeds", default="0,1,2")
     parser.add_argument("--arch", default=None, help="the classifier's architecture (default: digits' cnn:width=32)")
+    parser.add_argument("--classifier", default="",
+                        help="the classifier's settings over digits' defaults: key=value,..., e.g. "
+                             "epochs=40,decay_epochs=30,augment=pad=1 (decay_epochs: epochs separated by /)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    arch = {"arch": args.arch} if args.arch else {}
+    classifier = dict(parse_candidate(f"classifier:{args.classifier}")[1], **({"arch": args.arch} if args.arch else {}))
     rows: dict[str, dict[int, dict]] = {"classifier": {}, "finetune": {}, "release": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in (int(s) for s in args.seeds.split(",")):
-            clf, cpu = run("digits", Path(tmp) / f"clf{seed}", seed=seed, px_weight=0.0, **arch)
+            clf, cpu = run("digits", Path(tmp) / f"clf{seed}", seed=seed, px_weight=0.0, **classifier)
             rows["classifier"][seed] = measured(clf, cpu)
             ft, cpu = run("digits", Path(tmp) / f"ft{seed}", seed=seed, init=clf["last"], recipe="finetune")
             rows["finetune"][seed] = measured(ft, cpu)

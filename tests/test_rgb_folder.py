@@ -121,6 +121,17 @@ def test_a_set_without_a_recipe_derives_the_px_warm_up_and_the_recipes_keep_thei
     assert resolve_config("digits").px_warmup_iters == 0
 
 
+def test_a_set_without_a_recipe_derives_a_tenth_of_the_px_weight_only_for_the_jem_objective(tmp_path):
+    spec = write_rgb_folder(tmp_path / "rgb", 60, 10, seed=0, easy=True)
+    config = resolve_config(spec)
+    assert config.px_weight == 0.1 and "px_weight" in config.derived["settings"]
+    assert resolve_config(spec, px_weight=1.0).px_weight == 1.0  # given: kept, not called derived
+    assert "px_weight" not in resolve_config(spec, px_weight=0.0).derived["settings"]
+    factored = resolve_config(spec, objective="factored")  # the ablation has no p(x) term: it stays 0
+    assert factored.px_weight == 0.0 and "px_weight" not in factored.derived["settings"]
+    assert resolve_config("digits").px_weight == 1.0 and resolve_config("digits").derived is None
+
+
 def test_images_of_32_pixels_a_side_derive_the_strided_network_unless_an_arch_or_a_source_is_given(tmp_path):
     spec = write_rgb_folder(tmp_path / "rgb", 60, 10, seed=0, easy=True)
     assert resolve_config(spec).arch == "cnn:stride=2" and "arch" in resolve_config(spec).derived["settings"]

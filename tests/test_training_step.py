@@ -68,3 +68,36 @@ def test_benchmark_prints_ratios():
                     "--device", "cpu"])
     assert r["sgld_step_over_forward_backward"] > 0 and r["jem_iteration_over_plain_iteration"] > 1
     assert r["jem_images_per_s"] > 0
+
+
+def _batchnorm_step(model, px: float):
+    from jemeval.sampling.sgld import SGLD
+    from jemeval.training.augment import Augment
+    from jemeval.training.step import StepOptions, TrainStep
+    return TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), sgld=SGLD(steps=2, step_size=1.0),
+                     buffer=None, weights=Weights(px=px), num_classes=3, input_shape=(3, 8, 8), augment=Augment(),
+                     generator=torch.Generator().manual_seed(0), options=StepOptions(short_run=True))
+
+
+def test_batchnorm_running_statistics_are_the_datas_alone():
+    """A BatchNorm network's training step forwards SGLD samples in train mode too (separate passes);
+    its running statistics, what the eval-mode network normalises with, must be those a train-mode
+    forward over the labelled batch alone gives (plain torch on a copy of the network)."""
+    import copy
+
+    import jemeval
+    torch.manual_seed(0)
+    model = jemeval.create_model("wrn:depth=10,widen=1,norm=batch", 3, (3, 8, 8))
+    reference = copy.deepcopy(model).train()
+    x, y = torch.rand(16, 3, 8, 8) * 2 - 1, torch.randint(0, 3, (16,))
+    with torch.no_grad():
+        reference(x)
+    stats = _batchnorm_step(model, px=1.0)(x, y)
+    assert torch.isfinite(stats["e_sample"])  # the samples did go through the network
+    layers = [(m, r) for m, r in zip(model.modules(), reference.modules()) if isinstance(m, torch.nn.BatchNorm2d)]
+    assert layers
+    for m, r in layers:
+        torch.testing.assert_close(m.running_mean, r.running_mean, rtol=0, atol=0)
+        torch.testing.assert_close(m.running_var, r.running_var, rtol=0, atol=0)
+        assert int(m.num_batches_tracked) == int(r.num_batches_tracked) == 1
+        assert m.momentum == r.momentum  # restored after the samples' pass

@@ -161,7 +161,8 @@ def joint_logits(
     forward pass over their concatenation: one larger pass is cheaper than several (better kernel
     utilisation, one weight read, one autograd graph) and gives the same logits. With BatchNorm in
     train mode a shared pass would mix data and sample statistics, which changes the model, so the
-    batches then get separate passes (as the JEM release does). When the labelled batch is the data
+    batches then get separate passes (as the JEM release does; the training step keeps the samples'
+    out of the running statistics, :mod:`jemeval.runtime.batchnorm`). When the labelled batch is the data
     batch (fully supervised training) its logits serve both the classifier loss and log p~(x_data),
     which saves the release's third pass.
     """

@@ -312,11 +312,21 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
     config = TrainConfig(**merged).validate()
     if parse_spec(dataset).name not in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
-        keys = [k for k in SCALED_KEYS if k not in given and not (k == "arch" and config.init)]  # init: SOURCE's
-        config = derive_from_data(config, keys, now=True)
+        config = derive_from_data(config, [k for k in SCALED_KEYS if k not in given and _derivable(k, config)],
+                                  now=True)
     if config.recipe == "finetune":
         config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived)).validate()
     return config
+
+
+def _derivable(key: str, config: TrainConfig) -> bool:
+    """Whether ``key`` may be derived from the data: a warm start's architecture is its source's, and the
+    p(x) weight is derived only for the JEM objective (the factored ablation has none)."""
+    if key == "arch":
+        return not config.init
+    if key == "px_weight":
+        return config.objective == "jem"
+    return True
 
 
 def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now: bool = False) -> TrainConfig:

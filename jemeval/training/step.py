@@ -5,7 +5,8 @@ training runs. Nothing here synchronises with the host: the returned statistics 
 
 Speed notes
 * Data and negatives go through the network in ONE forward pass (concatenated) when the math
-  allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them).
+  allows it, i.e. unless a BatchNorm layer is in train mode (batch statistics would mix them; the
+  samples' separate pass then leaves the running statistics to the data).
 * SGLD is the shared :class:`jemeval.sampling.sgld.SGLD` (or JEM++'s ProximalSGLD): parameters frozen
   while sampling, so no parameter graph is built and no parameter gradient is computed.
 * The replay buffer, the data and every random draw live on the training device.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from jemeval.runtime.batchnorm import running_statistics_kept
 from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits
 from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
 from jemeval.sampling.proximal import ProximalSGLD
@@ -109,9 +111,8 @@ class TrainStep:
         extra = (("data", x_px), ("sample", x_q), ("sample_y", x_qy))
         parts = [("lab", x_lab)] + [(k, v) for k, v in extra if v is not None]
         self.model.train()
-        # one forward over data and samples unless BatchNorm statistics must not mix them
-        logits = joint_logits(self.forward_model, *[v for _, v in parts], fastpath=self.fastpath,
-                              shared=not self.batchnorm)
+        logits = self.logits([v for k, v in parts if k in ("lab", "data")],
+                             [v for k, v in parts if k not in ("lab", "data")])
         outs = dict(zip([k for k, _ in parts], logits))
         out = Logits(lab=outs["lab"], y_lab=y_lab, data=outs.get("data", outs["lab"] if w.px > 0 else None),
                      sample=outs.get("sample"), sample_y=outs.get("sample_y"),
@@ -125,3 +126,17 @@ class TrainStep:
         stats["loss"] = loss.detach()
         stats["correct"] = (out.lab.detach().argmax(1) == y_lab).sum()
         return stats
+
+    def logits(self, data: list[torch.Tensor], samples: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Train-mode logits of the data batches, then of the sample batches, in that order.
+
+        One forward over all of them unless the network has BatchNorm; then separate passes (batch
+        statistics must not mix), and the samples' passes leave the running statistics as the data
+        set them (:mod:`jemeval.runtime.batchnorm`: the eval-mode network is the data's)."""
+        if not self.batchnorm:
+            return joint_logits(self.forward_model, *data, *samples, fastpath=self.fastpath, shared=True)
+        logits = joint_logits(self.forward_model, *data, fastpath=self.fastpath, shared=False)
+        if samples:
+            with running_statistics_kept(self.model):
+                logits += joint_logits(self.forward_model, *samples, fastpath=self.fastpath, shared=False)
+        return logits

@@ -65,7 +65,8 @@ from jemeval.runtime.workers import default_workers
               help="jem: Algorithm 1; factored: the p(x|y) ablation (class-conditional contrast only, no "
               "cross-entropy).")
 @click.option("--px-weight", type=float,
-              help="Weight of the p(x) contrast; 0 = the plain classifier baseline [default: 1].")
+              help="Weight of the p(x) contrast; 0 = the plain classifier baseline [default: cifar/svhn, "
+                   "digits 1; others 0.1].")
 @click.option("--pyx-weight", type=float, help="Weight of the cross-entropy p(y|x) term [default: 1].")
 @click.option("--pxy-weight", type=float,
               help="Weight of the p(x, y) contrast with class-conditional samples [default: 0].")
