@@ -28,9 +28,9 @@ from jemeval.training.loggers import check_loggers
 from jemeval.training.recipes import (
     DATASET_DEFAULTS,
     RECIPES,
-    SCALED_KEYS,
     dataset_defaults,
     finetune_changes,
+    keys_to_derive,
     recipe_defaults,
     scaled_defaults,
 )
@@ -312,21 +312,11 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
         merged["decay_epochs"] = tuple(int(e) for e in merged["decay_epochs"])
     config = TrainConfig(**merged).validate()
     if parse_spec(dataset).name not in DATASET_DEFAULTS:  # the paper's and the digits recipe stay exactly as they are
-        config = derive_from_data(config, [k for k in SCALED_KEYS if k not in given and _derivable(k, config)],
-                                  now=True)
+        keys = keys_to_derive(set(given), init=bool(config.init), objective=config.objective)
+        config = derive_from_data(config, keys, now=True)
     if config.recipe == "finetune":
         config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived)).validate()
     return config
-
-
-def _derivable(key: str, config: TrainConfig) -> bool:
-    """Whether ``key`` may be derived from the data: a warm start's architecture is its source's, and the
-    p(x) weight is derived only for the JEM objective (the factored ablation has none)."""
-    if key == "arch":
-        return not config.init
-    if key == "px_weight":
-        return config.objective == "jem"
-    return True
 
 
 def derive_from_data(config: TrainConfig, keys: list[str] | None = None, *, now: bool = False) -> TrainConfig:

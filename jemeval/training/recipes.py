@@ -244,6 +244,13 @@ def scaled_defaults(n_images: int, batch_size: int, *, epochs: int | None = None
     return settings, why
 
 
+def keys_to_derive(given: set[str], *, init: bool, objective: str) -> list[str]:
+    """The :data:`SCALED_KEYS` a run derives from its data: those not ``given``, except a warm start's
+    architecture (its source's) and, outside the JEM objective, the p(x) weight (the factored ablation has none)."""
+    return [k for k in SCALED_KEYS if k not in given and not (k == "arch" and init)
+            and not (k == "px_weight" and objective != "jem")]
+
+
 def strided_arch_fits(arch: str, input_shape: tuple[int, ...] | None) -> bool:
     """Whether the default ``cnn`` on images of ``input_shape`` becomes :data:`STRIDED_ARCH`."""
     return (arch == DEFAULT_ARCH and input_shape is not None and len(input_shape) == 3
