@@ -176,10 +176,27 @@ def test_a_source_built_for_other_images_is_one_line(classifier, tmp_path, monke
 
 def test_recipe_finetune_scales_the_runs_own_settings_and_needs_an_init(classifier, tmp_path):
     config = resolve_config("digits", init=classifier, recipe="finetune", out=str(tmp_path / "r"))
-    assert (config.epochs, config.lr, config.warmup_iters, config.decay_epochs) == (2, pytest.approx(3e-4), 0, ())
-    assert (config.sgld_lr, config.px_weight, config.energy_l2) == (0.01, 0.01, 0.0)
-    assert "a tenth of the 20 epochs" in config.derived["settings"]["epochs"]
-    mine = resolve_config("digits", init=classifier, recipe="finetune", epochs=4, out=str(tmp_path / "r"))
-    assert mine.epochs == 4  # what the user sets wins
+    assert (config.epochs, config.lr, config.warmup_iters, config.decay_epochs) == (4, pytest.approx(1e-3), 0, ())
+    assert (config.sgld_lr, config.px_weight, config.energy_l2, config.short_run) == (0.1, 0.02, 0.0, True)
+    assert config.init_from["batchnorm"] is False  # cnn: no BatchNorm
+    assert "a fifth of the 20 epochs" in config.derived["settings"]["epochs"]
+    mine = resolve_config("digits", init=classifier, recipe="finetune", epochs=6, out=str(tmp_path / "r"))
+    assert mine.epochs == 6  # what the user sets wins
+    plain = resolve_config("digits", init=classifier, recipe="finetune", px_weight=0.0, out=str(tmp_path / "r"))
+    assert (plain.px_weight, plain.short_run, plain.samples) == (0.0, False, False)  # no chains to run short
+    assert "short_run" not in plain.derived["settings"]
     with pytest.raises(jemeval.errors.UsageError, match="recipe 'finetune' continues a classifier"):
         resolve_config("digits", recipe="finetune")
+
+
+def test_recipe_finetune_from_a_batchnorm_source_keeps_persistent_chains(timm_resnet18, tmp_path):  # noqa: F811
+    """A source with BatchNorm (timm's resnet18) gets recipes.FINETUNE_BATCHNORM: persistent chains with
+    steps of 0.01, a tenth of the run's epochs and lr; the record says why."""
+    data = rgb_npz(tmp_path / "rgb.npz", classes=4)
+    scratch = resolve_config(data, init="timm:resnet18", out=str(tmp_path / "r"))
+    config = resolve_config(data, init="timm:resnet18", recipe="finetune", out=str(tmp_path / "r"))
+    assert config.init_from["batchnorm"] is True
+    assert (config.short_run, config.sgld_lr, config.px_weight) == (False, 0.01, 0.01)
+    assert config.epochs == max(2, round(scratch.epochs / 10))
+    assert config.lr == pytest.approx(scratch.lr / 10)
+    assert "BatchNorm" in config.derived["settings"]["sgld_lr"]

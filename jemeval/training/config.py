@@ -315,7 +315,10 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
         keys = keys_to_derive(set(given), init=bool(config.init), objective=config.objective)
         config = derive_from_data(config, keys, now=True)
     if config.recipe == "finetune":
-        config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived)).validate()
+        samples = "px_weight" not in given or config.samples  # --px-weight 0: no chains to run short
+        batchnorm = bool((config.init_from or {}).get("batchnorm"))
+        config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived,
+                                                   samples=samples, batchnorm=batchnorm)).validate()
     return config
 
 

@@ -31,6 +31,7 @@ from jemeval.energy.model import EnergyModel
 from jemeval.errors import JemevalError, UsageError
 from jemeval.evaluation.classes import _key  # class names matched as the label-space check matches them
 from jemeval.registry import Spec
+from jemeval.runtime.fastpath import has_batchnorm
 
 
 def describe_source(source: str, *, download: bool = False) -> tuple[str, dict[str, Any], EnergyModel]:
@@ -52,6 +53,7 @@ def describe_source(source: str, *, download: bool = False) -> tuple[str, dict[s
         "num_classes": int(model.num_classes), "input_shape": list(model.input_shape),
         "classes": list(classes) if isinstance(classes, (list, tuple)) else None,
         "normalization": model.normalization, "dataset": meta.get("dataset"),
+        "batchnorm": has_batchnorm(model),  # recipe finetune's settings depend on it
     }
     return arch, record, model
 

@@ -43,8 +43,10 @@ from jemeval.runtime.workers import default_workers
               "settings for cifar/svhn, the laptop recipe for digits) or fast (digits only: SGLD 10 steps of size 2, "
               "Adam 4e-3, energy L2 0.01, 18 epochs, lr x0.1 at 17, bf16 where the CPU has it: 0.41x the release "
               "sampler's time (0.51x in float32) at higher mean accuracy and log p(x) AUROC over 10 seeds, 9 of 10 "
-              "at or above their own seed's release run; docs/training.md, Recipes) or finetune (with --init: a tenth "
-              "of the epochs and lr, SGLD steps of 0.01, p(x) weight 0.01; docs/training.md, Warm start); options you "
+              "at or above their own seed's release run; docs/training.md, Recipes) or finetune (with --init: a fifth "
+              "of the epochs, a third of the lr, short SGLD chains from noise with steps of 0.1, p(x) weight 0.02; "
+              "from a source with BatchNorm a tenth of the epochs and lr, persistent chains with steps of 0.01, p(x) "
+              "weight 0.01; docs/training.md, Warm start); options you "
               "give still win [default: paper].")
 @click.option("--init", "init", metavar="SOURCE", help="Start from a classifier's weights: anything --model reads (a "
               "checkpoint, a safetensors export, timm:NAME, torchvision:NAME, pytorch-ood:KEY, hf:ORG/NAME), from the "
@@ -246,8 +248,8 @@ def _config_title(config) -> str:
              "null leaves an option at its default; keys are the option names (- or _)")
     source = (config.derived or {}).get("from") or {}
     if source.get("recipe") == "finetune":
-        title += ("\nrecipe finetune: from the classifier named by init, a tenth of the epochs and lr the run would "
-                  "use from scratch, SGLD steps of 0.01, p(x) weight 0.01 (docs/training.md, Warm start)")
+        title += ("\nrecipe finetune: from the classifier named by init, with the settings below marked "
+                  "'recipe finetune' and their reasons (docs/training.md, Warm start)")
     if "train_images" in source:  # a dataset without defaults of its own: what was derived, from what
         names = ", ".join(k.replace("_", "-") for k in config.derived["settings"])
         title += (f"\nderived from the data ({source['train_images']} training-split images, batch "
