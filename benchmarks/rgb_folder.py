@@ -111,9 +111,9 @@ def run(spec: str, settings: dict, seed: int, test: tuple, out: Path) -> dict:
     start = (time.perf_counter(), time.process_time())
     try:
         summary = train(config, on_step=on_step).records[0]
-        status, recoveries = "completed", summary["recoveries"]
+        status, recoveries, best_epoch = "completed", summary["recoveries"], summary["best_epoch"]
     except TrainingDiverged:
-        status, recoveries = "diverged", None
+        status, recoveries, best_epoch = "diverged", None, None
     rows = _metrics(out / "metrics.csv")
     epochs = [r for r in rows if not r.get("event")]
     by_epoch, kept = {int(r["epoch"]): r for r in epochs}, set()
@@ -125,7 +125,7 @@ def run(spec: str, settings: dict, seed: int, test: tuple, out: Path) -> dict:
              "arch", "px_weight", "recipe", "init")
     return {"settings": {k: getattr(config, k) for k in shown},
             "curve": curve, "events": [r["event"] for r in rows if r.get("event")], "status": status,
-            "recoveries": recoveries, "load_start": load, "load_end": os.getloadavg()[0]}
+            "recoveries": recoveries, "best_epoch": best_epoch, "load_start": load, "load_end": os.getloadavg()[0]}
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -159,7 +159,7 @@ def show(name: str, result: dict) -> None:
     last = result["curve"][-1] if result["curve"] else {"wall": float("nan"), "cpu": float("nan"), "epoch": 1}
     n = max(last["epoch"], 1)
     print(f"# {name}: {result['status']}, {result['recoveries']} rollbacks, final test acc "
-          f"{last.get('test_acc', float('nan')):.4f}, best.pt's (first best validation epoch) {_best_pt(result):.4f}; "
+          f"{last.get('test_acc', float('nan')):.4f}, best.pt's (epoch {result['best_epoch']}) {_best_pt(result):.4f}; "
           f"{last['wall']:.0f} s wall ({last['wall'] / n:.1f} an epoch), {last['cpu']:.0f} s CPU "
           f"({last['cpu'] / n:.1f} an epoch); load {result['load_start']:.2f} -> {result['load_end']:.2f}")
     for event in result["events"]:
@@ -167,12 +167,11 @@ def show(name: str, result: dict) -> None:
 
 
 def _best_pt(result: dict) -> float:
-    """The test accuracy of the epoch best.pt holds: the first with the highest validation accuracy (the
-    trainer keeps a new best only when it is higher), not the highest test accuracy of any epoch."""
-    scored = [p for p in result["curve"] if isinstance(p.get("val_acc"), float)]
-    if not scored:
-        return float("nan")
-    return max(scored, key=lambda p: (p["val_acc"], -p["epoch"]))["test_acc"]
+    """The test accuracy of the epoch best.pt holds (the run's ``best_epoch``: the first with the highest
+    validation accuracy, or the last under ``best_by="last"``), not the highest test accuracy of any epoch;
+    of a rolled-back epoch, the kept (later) point."""
+    held = [p for p in result["curve"] if p["epoch"] == result.get("best_epoch")]
+    return held[-1]["test_acc"] if held else float("nan")
 
 
 def _f(value, width: int, digits: int) -> str:

@@ -7,6 +7,8 @@ line and recorded; the run records its source (name, SHA-256); a resume is the u
 never reads the source again; a source that does not fit the data is one line before any file."""
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 import torch
@@ -176,15 +178,16 @@ def test_a_source_built_for_other_images_is_one_line(classifier, tmp_path, monke
 
 def test_recipe_finetune_scales_the_runs_own_settings_and_needs_an_init(classifier, tmp_path):
     config = resolve_config("digits", init=classifier, recipe="finetune", out=str(tmp_path / "r"))
-    assert (config.epochs, config.lr, config.warmup_iters, config.decay_epochs) == (4, pytest.approx(1e-3), 0, ())
-    assert (config.sgld_lr, config.px_weight, config.energy_l2, config.short_run) == (0.1, 0.02, 0.0, True)
+    assert (config.epochs, config.lr, config.warmup_iters, config.decay_epochs) == (3, pytest.approx(1e-3), 0, ())
+    assert (config.sgld_lr, config.sgld_steps, config.px_weight, config.energy_l2) == (0.1, 5, 0.16, 0.0)
+    assert (config.short_run, config.gaussian_starts, config.best_by) == (True, 0.75, "last")
     assert config.init_from["batchnorm"] is False  # cnn: no BatchNorm
-    assert "a fifth of the 20 epochs" in config.derived["settings"]["epochs"]
+    assert "15% of the 20 epochs" in config.derived["settings"]["epochs"]
     mine = resolve_config("digits", init=classifier, recipe="finetune", epochs=6, out=str(tmp_path / "r"))
     assert mine.epochs == 6  # what the user sets wins
     plain = resolve_config("digits", init=classifier, recipe="finetune", px_weight=0.0, out=str(tmp_path / "r"))
     assert (plain.px_weight, plain.short_run, plain.samples) == (0.0, False, False)  # no chains to run short
-    assert "short_run" not in plain.derived["settings"]
+    assert plain.gaussian_starts == 0.0 and "short_run" not in plain.derived["settings"]
     with pytest.raises(jemeval.errors.UsageError, match="recipe 'finetune' continues a classifier"):
         resolve_config("digits", recipe="finetune")
 
@@ -197,6 +200,26 @@ def test_recipe_finetune_from_a_batchnorm_source_keeps_persistent_chains(timm_re
     config = resolve_config(data, init="timm:resnet18", recipe="finetune", out=str(tmp_path / "r"))
     assert config.init_from["batchnorm"] is True
     assert (config.short_run, config.sgld_lr, config.px_weight) == (False, 0.01, 0.01)
+    assert (config.gaussian_starts, config.best_by) == (0.0, "val_acc")
     assert config.epochs == max(2, round(scratch.epochs / 10))
     assert config.lr == pytest.approx(scratch.lr / 10)
     assert "BatchNorm" in config.derived["settings"]["sgld_lr"]
+
+
+def test_best_by_last_keeps_the_last_epoch_where_val_acc_keeps_the_first_best(classifier, tmp_path):
+    """recipe finetune keeps its end (best_by="last"); the default keeps the first epoch of the best
+    validation accuracy, read here from metrics.csv."""
+    runs = {}
+    for best_by in ("last", "val_acc"):
+        out = tmp_path / best_by
+        settings = {**TINY, "epochs": 3, "init": classifier, "best_by": best_by, "out": str(out)}
+        runs[best_by] = train(resolve_config("digits[0-2]", **settings)).records[0]
+    rows = list(csv.DictReader(open(runs["val_acc"]["metrics"])))
+    accuracies = [float(r["val_acc"]) for r in rows if not r["event"]]
+    assert runs["val_acc"]["best_epoch"] == 1 + accuracies.index(max(accuracies))
+    assert runs["last"]["best_epoch"] == 3
+    best, last = (read_checkpoint(tmp_path / "last" / name) for name in ("best.pt", "last.pt"))
+    assert all(torch.equal(best["state_dict"][k], last["state_dict"][k]) for k in last["state_dict"])
+    with pytest.raises(jemeval.errors.UsageError,
+                       match=r"unknown best_by 'lst' \(did you mean 'last'\?\); choose val_acc or last"):
+        resolve_config("digits", best_by="lst")

@@ -7,9 +7,13 @@ release does. Write-back is deterministic even when one batch names a slot twice
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+
+#: Where chains (re)start: ``starts(n, y, generator=..., device=...)`` -> ``n`` images (``y``: the chains'
+#: classes, or None); None means JEM's U(-1, 1) (:func:`uniform_like_shape`).
+ChainStarts = Callable[..., torch.Tensor]
 
 
 def last_writer(idx: torch.Tensor, size: int) -> torch.Tensor:
@@ -35,8 +39,9 @@ class ReplayBuffer:
 
     ``size`` images initialised U(-1, 1) on ``device``. :meth:`sample` draws chain starts, each
     re-initialised from U(-1, 1) with probability ``reinit_freq``; :meth:`push` writes the chains'
-    new states back. Class-conditional draws treat the buffer as ``num_classes`` contiguous blocks
-    (index = y * (size // K) + offset), as the JEM release does.
+    new states back; ``starts`` replaces U(-1, 1) in both (e.g.
+    :meth:`~jemeval.sampling.gaussian_starts.GaussianStarts.mixture`). Class-conditional draws treat the
+    buffer as ``num_classes`` contiguous blocks (index = y * (size // K) + offset), as the JEM release does.
     """
 
     def __init__(
@@ -48,6 +53,7 @@ class ReplayBuffer:
         reinit_freq: float = 0.05,
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
+        starts: ChainStarts | None = None,
     ) -> None:
         if size <= 0:
             raise ValueError(f"replay buffer size must be > 0, got {size}")
@@ -55,7 +61,8 @@ class ReplayBuffer:
         self.num_classes = num_classes
         self.reinit_freq = float(reinit_freq)
         self.device = torch.device(device)
-        self.data = uniform_like_shape(size, self.input_shape, device=self.device, generator=generator)
+        self.starts = starts
+        self.data = self._fresh(size, None, generator)
 
     def __len__(self) -> int:
         return self.data.shape[0]
@@ -74,10 +81,15 @@ class ReplayBuffer:
             offset = torch.randint(0, per_class, (n,), generator=generator, device=self.device)
             idx = y.to(self.device) * per_class + offset
         x0 = self.data[idx]
-        fresh = uniform_like_shape(n, self.input_shape, device=self.device, generator=generator)
+        fresh = self._fresh(n, y, generator)
         reinit = torch.rand(n, generator=generator, device=self.device) < self.reinit_freq
         x0 = torch.where(reinit.view(-1, *([1] * len(self.input_shape))), fresh, x0)
         return x0, idx
+
+    def _fresh(self, n: int, y: torch.Tensor | None, generator: torch.Generator | None) -> torch.Tensor:
+        if self.starts is None:
+            return uniform_like_shape(n, self.input_shape, device=self.device, generator=generator)
+        return self.starts(n, y, generator=generator, device=self.device)
 
     def push(self, idx: torch.Tensor, x: torch.Tensor) -> None:
         """Write chains back; with duplicate indices the last one wins, deterministically."""
@@ -95,5 +107,6 @@ class ReplayBuffer:
         buf.num_classes = num_classes
         buf.reinit_freq = float(reinit_freq)
         buf.device = torch.device(device)
+        buf.starts = None
         buf.data = data.to(buf.device, torch.float32).clone()
         return buf

@@ -31,6 +31,7 @@ from jemeval.training.recipes import (
     dataset_defaults,
     finetune_changes,
     keys_to_derive,
+    objective_defaults,
     recipe_defaults,
     scaled_defaults,
 )
@@ -91,6 +92,7 @@ class TrainConfig:
     buffer_size: int = 10000
     reinit_freq: float = 0.05
     short_run: bool = False  # non-persistent chains from U(-1, 1) every iteration
+    gaussian_starts: float = 0.0  # this fraction of chain (re)starts from per-class Gaussians of the training images
     # data
     sigma: float = 0.03
     augment: str = "auto"  # auto (the dataset's own recipe), none, or "pad=4,flip=1"
@@ -129,6 +131,7 @@ class TrainConfig:
     eval_batch_size: int = 500
     eval_sigma: float = 0.0  # noise on validation/test inputs (recorded)
     test_eval: bool = True  # evaluate best.pt on the test split at the end
+    best_by: str = "val_acc"  # best.pt: the first epoch of the best validation accuracy, or "last": the last epoch
     resume: bool = False  # continue the run in out_dir from its last.pt
     overwrite: bool = False  # replace the run in out_dir (without it, a new run refuses a folder holding one)
     config_file: dict | None = None  # the --config file that set some of these: {"file", "sha256", "keys"}
@@ -210,7 +213,8 @@ class TrainConfig:
         return self
 
     def _check_choices(self) -> None:
-        for param, choices in (("objective", OBJECTIVES), ("optimizer", OPTIMIZERS), ("sampler", SAMPLERS)):
+        for param, choices in (("objective", OBJECTIVES), ("optimizer", OPTIMIZERS), ("sampler", SAMPLERS),
+                               ("best_by", ("val_acc", "last"))):
             value = getattr(self, param)
             _need(value in choices, param, f"unknown {param} {value!r}{did_you_mean(str(value), choices)}; choose "
                   f"{' or '.join(choices)}")
@@ -234,6 +238,7 @@ class TrainConfig:
             ("inner_grad_clip", self.inner_grad_clip > 0 and math.isfinite(self.inner_grad_clip), "be > 0"),
             ("buffer_size", self.buffer_size >= 1, "be >= 1"),
             ("reinit_freq", 0.0 <= self.reinit_freq <= 1.0, "lie in [0, 1]"),
+            ("gaussian_starts", 0.0 <= self.gaussian_starts <= 1.0, "lie in [0, 1]"),
             ("decay_rate", 0.0 < self.decay_rate <= 1.0, "lie in (0, 1]"),
             ("warmup_iters", self.warmup_iters >= 0, "be >= 0"),
             ("px_warmup_iters", self.px_warmup_iters >= 0, "be >= 0"),
@@ -267,26 +272,18 @@ class TrainConfig:
             _need(self.pxy_weight > 0, "pxy_weight", "the factored objective needs pxy_weight > 0")
             _need(self.labels_per_class is None, "labels_per_class",
                   "the factored objective needs every label: drop labels_per_class")
-        if self.short_run:
-            _need(self.samples, "short_run", "short_run=True needs sampling: set px_weight or pxy_weight above 0")
+        _need(self.samples or not self.short_run, "short_run",
+              "short_run=True needs sampling: set px_weight or pxy_weight above 0")
         _need(self.recipe != "finetune" or bool(self.init), "recipe",
               "recipe 'finetune' continues a classifier's training as a JEM: name the classifier with init "
               "(--init SOURCE: a checkpoint, timm:NAME, torchvision:NAME, ...)")
-        if self.class_cond_px:
-            _need(self.px_weight > 0, "class_cond_px",
-                  "class-conditional p(x) negatives (class_cond_px=True) need px_weight > 0")
+        _need(self.px_weight > 0 or not self.class_cond_px, "class_cond_px",
+              "class-conditional p(x) negatives (class_cond_px=True) need px_weight > 0")
 
 
 def _need(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise UsageError(message, param=param)
-
-
-def objective_defaults(objective: str | None) -> dict[str, Any]:
-    """The factored ablation trains only the class-conditional contrast."""
-    if objective == "factored":
-        return {"pyx_weight": 0.0, "px_weight": 0.0, "pxy_weight": 1.0}
-    return {}
 
 
 def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
@@ -317,7 +314,7 @@ def resolve_config(dataset: str, **overrides: Any) -> TrainConfig:
     if config.recipe == "finetune":
         samples = "px_weight" not in given or config.samples  # --px-weight 0: no chains to run short
         batchnorm = bool((config.init_from or {}).get("batchnorm"))
-        config = config.replace(**finetune_changes(config.epochs, config.lr, set(given), config.derived,
+        config = config.replace(**finetune_changes(config.epochs, config.lr, given, config.derived,
                                                    samples=samples, batchnorm=batchnorm)).validate()
     return config
 

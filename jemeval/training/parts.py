@@ -22,7 +22,8 @@ from jemeval.errors import UsageError
 from jemeval.runtime import distributed as D
 from jemeval.runtime.distributed import DistContext
 from jemeval.runtime.fastpath import FastPath
-from jemeval.sampling.buffer import ReplayBuffer
+from jemeval.sampling.buffer import ChainStarts, ReplayBuffer
+from jemeval.sampling.gaussian_starts import GaussianStarts
 from jemeval.training import ddp
 from jemeval.training.augment import Augment, augment_for
 from jemeval.training.config import TrainConfig
@@ -54,6 +55,7 @@ class Parts:
     monitor: DivergenceMonitor
     policy: RecoveryPolicy
     init_note: str | None = None  # a warm start's line: the source, and whether its head was kept
+    gaussian_starts: GaussianStarts | None = None  # fit to the labelled training images when asked for
 
 
 def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
@@ -68,13 +70,15 @@ def build(config: TrainConfig, ctx: DistContext, device: torch.device) -> Parts:
     model = model.to(device)
     prepared = fastpath.prepare(model, wrap=ctx.wrap)  # the eager module is kept for checkpoints
     optimizer = make_optimizer(config, model)
-    buffer = make_buffer(config, data, ctx, device, generator)
+    gaussians = fit_gaussian_starts(config, data)
+    buffer = make_buffer(config, data, ctx, device, generator, gaussians)
     monitor = DivergenceMonitor(config.max_abs_loss, config.max_abs_energy, config.energy_gap_band,
                                 config.gap_patience)
     return Parts(config=config, out=Path(config.out_dir), device=device, ctx=ctx, fastpath=fastpath,
                  generator=generator, data=data, augment=augment, model=model, forward=prepared.run,
                  sample=prepared.sample, optimizer=optimizer, buffer=buffer, monitor=monitor,
-                 policy=RecoveryPolicy(config.seed, sampling=config.samples), init_note=init_note)
+                 policy=RecoveryPolicy(config.seed, sampling=config.samples), init_note=init_note,
+                 gaussian_starts=gaussians)
 
 
 def initial_model(config: TrainConfig, data: TrainingData) -> tuple[EnergyModel, TrainConfig, str | None]:
@@ -108,6 +112,15 @@ def seed_everything(seed: int, generator: torch.Generator | None = None, ctx: Di
         generator.manual_seed(seed)
 
 
+def fit_gaussian_starts(config: TrainConfig, data: TrainingData) -> GaussianStarts | None:
+    """The per-class Gaussians a fraction ``gaussian_starts`` of the chains start from, fit to the labelled
+    training images; the same on every rank and on a resume (float64, on the CPU)."""
+    if not (config.gaussian_starts > 0 and config.samples):
+        return None
+    x, y = data.labelled_images()
+    return GaussianStarts.fit(x, y, data.input_shape)
+
+
 def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     params = model.parameters()
     if config.optimizer == "adam":
@@ -116,7 +129,7 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
 
 
 def make_buffer(config: TrainConfig, data: TrainingData, ctx: DistContext, device: torch.device,
-                generator: torch.Generator) -> ReplayBuffer | None:
+                generator: torch.Generator, gaussians: GaussianStarts | None = None) -> ReplayBuffer | None:
     """This rank's share of the persistent chains (None for the plain classifier and short-run chains)."""
     if not config.samples or config.short_run:
         return None
@@ -126,7 +139,7 @@ def make_buffer(config: TrainConfig, data: TrainingData, ctx: DistContext, devic
                          f"{data.num_classes} classes; class-conditional sampling needs at least one per class",
                          param="buffer_size")
     return ReplayBuffer(share, data.input_shape, num_classes=data.num_classes, reinit_freq=config.reinit_freq,
-                        device=device, generator=generator)
+                        device=device, generator=generator, starts=_starts(config, gaussians))
 
 
 def make_step(parts: Parts, adjustments: Adjustments) -> TrainStep:
@@ -134,7 +147,11 @@ def make_step(parts: Parts, adjustments: Adjustments) -> TrainStep:
     config = adjustments.applied_to(parts.config)
     weights = Weights(pyx=config.pyx_weight, px=config.px_weight, pxy=config.pxy_weight, l2=config.energy_l2)
     options = StepOptions(sigma=config.sigma, short_run=config.short_run, class_cond_px=config.class_cond_px,
-                          fastpath=parts.fastpath)
+                          starts=_starts(config, parts.gaussian_starts), fastpath=parts.fastpath)
     return TrainStep(parts.model, parts.optimizer, sgld=config.sgld(), buffer=parts.buffer, weights=weights,
                      num_classes=parts.data.num_classes, input_shape=parts.data.input_shape, augment=parts.augment,
                      generator=parts.generator, options=options, forward=parts.forward, sample_forward=parts.sample)
+
+
+def _starts(config: TrainConfig, gaussians: GaussianStarts | None) -> ChainStarts | None:
+    return None if gaussians is None else gaussians.mixture(config.gaussian_starts)

@@ -2,13 +2,14 @@
 digits) and named recipes laid over them (``recipe="fast"``).
 
 :func:`jemeval.training.config.resolve_config` merges, lowest first: the dataclass defaults, the
-dataset's (:data:`DATASET_DEFAULTS`), the recipe's (:data:`RECIPES`), the objective's, and what the
-user sets. A recipe is only defaults: every setting it chooses can still be given explicitly, and
-the run records ``recipe`` with the resolved settings.
+dataset's (:data:`DATASET_DEFAULTS`), the recipe's (:data:`RECIPES`), the objective's
+(:func:`objective_defaults`), and what the user sets. A recipe is only defaults: every setting it
+chooses can still be given explicitly, and the run records ``recipe`` with the resolved settings.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from jemeval.data import default_val_size
@@ -109,16 +110,23 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: SGLD (step 1) finds samples the p(x) term then pulls up hard, and Adam, normalising each weight's
 #: step, follows that term alone while the cross-entropy's gradient is ~0: every setting with the
 #: release's step size or p(x) weight lost 15-50 points of validation accuracy within 2-3 epochs or hit
-#: the energy-gap check (docs/training.md, "Warm start from a classifier", 17 settings measured). So the
-#: negatives are short chains from uniform noise (``short_run``) with steps of 0.1, near where a
-#: classifier's log p~ is highest and JEM's is lowest, and a p(x) weight of 0.02 keeps the cross-entropy
-#: in charge. Measured on digits (10 seeds, from a 40-epoch classifier): test accuracy 0.988, log p(x)
-#: AUROC vs uniform noise 0.999 and vs interpolations 0.847, where persistent chains with steps of 0.01,
-#: a tenth of the lr, 2 epochs and a p(x) weight of 0.01 (FINETUNE_BATCHNORM) gave 0.985, 0.956, 0.876;
-#: a p(x) weight of 0.03-0.1 or persistent chains reached uniform 1.000 on more seeds but cost interp
-#: AUROC or accuracy (12 settings on 5 seeds).
-FINETUNE = {"px_weight": 0.02, "sgld_lr": 0.1, "short_run": True, "energy_l2": 0.0, "warmup_iters": 0,
-            "px_warmup_iters": 0, "decay_epochs": ()}
+#: the energy-gap check (docs/training.md, "Warm start from a classifier"). So the negatives are short
+#: chains (``short_run``) of 5 steps of 0.1. Started from uniform noise alone they teach log p(x) to
+#: reject noise and, with every epoch, to accept averaged images more (interp AUROC 0.858 after one
+#: epoch, 0.780 after six); three quarters of them start from a Gaussian per class fit to the training
+#: images (``gaussian_starts``, JEM++'s informative initialisation), which keeps interp AUROC up while a
+#: p(x) weight of 0.16 puts uniform noise below the data in three epochs. A fine-tune of fixed length
+#: keeps its end (``best_by="last"``): validation accuracy moves by a few of its images between epochs
+#: while the p(x) term improves each one. Measured on digits (10 seeds, from a 40-epoch classifier):
+#: test accuracy 0.987, log p(x) AUROC vs uniform 0.9996 and vs interp 0.865, 8 seeds at or above the
+#: release's means on all three, where uniform starts, p(x) weight 0.02, 4 epochs and best.pt by
+#: validation accuracy gave 4 (docs/training.md, "Epoch by epoch": 16 settings).
+FINETUNE = {"px_weight": 0.16, "sgld_lr": 0.1, "sgld_steps": 5, "short_run": True, "gaussian_starts": 0.75,
+            "best_by": "last", "energy_l2": 0.0, "warmup_iters": 0, "px_warmup_iters": 0, "decay_epochs": ()}
+#: Why, where a setting has a reason of its own (the others: LARGE_LOGITS)
+LARGE_LOGITS = "a classifier's large logits off the data"
+FINETUNE_WHY = {"gaussian_starts": "chains from per-class Gaussians keep log p(x) of blended images low",
+                "best_by": "validation accuracy moves by a few images an epoch, the p(x) term gains in each"}
 #: A source with BatchNorm gets the first recipe instead: on timm resnet10t (digits, seeds 0-4, the same
 #: classifiers) FINETUNE gave accuracy 0.977, uniform 0.971, interp 0.854, this 0.983, 0.983, 0.885. Its
 #: samples' pass normalises with the samples' own batch statistics and evaluation with the data's, so
@@ -126,7 +134,7 @@ FINETUNE = {"px_weight": 0.02, "sgld_lr": 0.1, "short_run": True, "energy_l2": 0
 FINETUNE_BATCHNORM = {"px_weight": 0.01, "sgld_lr": 0.01, "energy_l2": 0.0, "warmup_iters": 0,
                       "px_warmup_iters": 0, "decay_epochs": ()}
 #: (settings, lr factor, epoch factor, the two factors in words) by whether the source has BatchNorm
-FINETUNE_RECIPES = {False: (FINETUNE, 1 / 3, 0.2, "a third", "a fifth"),
+FINETUNE_RECIPES = {False: (FINETUNE, 1 / 3, 0.15, "a third", "15%"),
                     True: (FINETUNE_BATCHNORM, 0.1, 0.1, "a tenth", "a tenth")}
 FINETUNE_MIN_EPOCHS = 2
 
@@ -140,22 +148,29 @@ def finetune_defaults(epochs: int, lr: float, *, batchnorm: bool = False) -> tup
     why = {"epochs": f"{epoch_words} of the {epochs} epochs training from scratch would take, at least "
                      f"{FINETUNE_MIN_EPOCHS}",
            "lr": f"{lr_words} of the {lr:g} training from scratch would use",
-           **{k: f"recipe finetune ({source}): a classifier's large logits off the data" for k in fixed}}
+           **{k: f"recipe finetune ({source}): {FINETUNE_WHY.get(k, LARGE_LOGITS)}" for k in fixed}}
     return settings, why
 
 
-def finetune_changes(epochs: int, lr: float, given: set[str], derived: dict | None, *,
+def finetune_changes(epochs: int, lr: float, given: Mapping[str, Any], derived: dict | None, *,
                      samples: bool = True, batchnorm: bool = False) -> dict[str, Any]:
     """The settings ``recipe="finetune"`` changes in a run resolved to ``epochs`` at ``lr`` (those the
-    user did not set, ``given``), with ``derived`` (what was derived, and why) extended by them. A run
-    the user left without sampling (``samples`` False: p(x) weight set to 0) gets no short-run chains;
+    user did not set, ``given``: name -> value), with ``derived`` (what was derived, and why) extended by
+    them. A run the user left without sampling (``samples`` False: p(x) weight set to 0) gets no short-run chains;
     ``batchnorm``: the source has BatchNorm layers (:func:`finetune_defaults`)."""
     settings, why = finetune_defaults(epochs, lr, batchnorm=batchnorm)
-    keys = [k for k in settings if k not in given and (samples or k != "short_run")]
+    keys = [k for k in settings if k not in given and (samples or k not in ("short_run", "gaussian_starts"))]
     derived = dict(derived or {})
     derived["settings"] = {**derived.get("settings", {}), **{k: why[k] for k in keys}}
     derived["from"] = {**derived.get("from", {}), "recipe": "finetune"}
     return {**{k: settings[k] for k in keys}, "derived": derived}
+
+
+def objective_defaults(objective: str | None) -> dict[str, Any]:
+    """The factored ablation trains only the class-conditional contrast."""
+    if objective == "factored":
+        return {"pyx_weight": 0.0, "px_weight": 0.0, "pxy_weight": 1.0}
+    return {}
 
 
 def dataset_defaults(dataset: str) -> dict[str, Any]:

@@ -69,6 +69,12 @@ class TrainingData:
     def n_labelled(self) -> int:
         return len(self.x) if self.labelled is None else len(self.labelled)
 
+    def labelled_images(self) -> tuple[torch.Tensor | StoredRows, torch.Tensor]:
+        """The labelled training images (as held: a StoredRows stays one) and their labels."""
+        if self.labelled is None:
+            return self.x, self.y
+        return _pick(self.x, self.labelled.cpu().numpy()), self.y[self.labelled]
+
     def describe(self) -> dict:
         return {"n_train": len(self.x), "n_val": len(self.x_val), "n_labelled": self.n_labelled,
                 "num_classes": self.num_classes, "input_shape": list(self.input_shape),

@@ -23,7 +23,7 @@ from torch import nn
 
 from jemeval.runtime.batchnorm import running_statistics_kept
 from jemeval.runtime.fastpath import FastPath, has_batchnorm, joint_logits
-from jemeval.sampling.buffer import ReplayBuffer, uniform_like_shape
+from jemeval.sampling.buffer import ChainStarts, ReplayBuffer, uniform_like_shape
 from jemeval.sampling.proximal import ProximalSGLD
 from jemeval.sampling.sgld import SGLD
 from jemeval.training.augment import Augment
@@ -35,6 +35,7 @@ class StepOptions:
     sigma: float = 0.0
     short_run: bool = False
     class_cond_px: bool = False
+    starts: ChainStarts | None = None  # where short-run chains start (None: U(-1, 1))
     fastpath: FastPath = field(default_factory=FastPath)
 
 
@@ -79,7 +80,9 @@ class TrainStep:
     # -- negatives ------------------------------------------------------------------------------
     def negatives(self, n: int, y: torch.Tensor | None = None) -> torch.Tensor:
         """``n`` SGLD samples (class-conditional for labels ``y``): persistent or short-run chains."""
-        if self.options.short_run or self.buffer is None:
+        if (self.options.short_run or self.buffer is None) and self.options.starts is not None:
+            x0, idx = self.options.starts(n, y, generator=self.generator, device=self.device), None
+        elif self.options.short_run or self.buffer is None:
             x0, idx = uniform_like_shape(n, self.input_shape, device=self.device, generator=self.generator), None
         else:
             x0, idx = self.buffer.sample(n, y, generator=self.generator)

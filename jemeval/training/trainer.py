@@ -335,7 +335,8 @@ class Trainer:
         lr = run_rate(config, max(position.step - 1, 0), position.epoch,
                       position.adjustments.lr_scale)  # the epoch's last iteration's
         position.next_epoch()
-        if val_acc is None or position.best_val_acc is None or val_acc > position.best_val_acc:
+        if val_acc is None or position.best_val_acc is None or val_acc > position.best_val_acc \
+                or config.best_by == "last":  # a fine-tune keeps its end (recipes.FINETUNE)
             position.best_val_acc, position.best_epoch = val_acc, position.epoch
             save_best(parts, position, val_acc, means["train_acc"],
                       elapsed=position.elapsed + (time.perf_counter() - started))  # this epoch's time included

@@ -43,8 +43,9 @@ from jemeval.runtime.workers import default_workers
               "settings for cifar/svhn, the laptop recipe for digits) or fast (digits only: SGLD 10 steps of size 2, "
               "Adam 4e-3, energy L2 0.01, 18 epochs, lr x0.1 at 17, bf16 where the CPU has it: 0.41x the release "
               "sampler's time (0.51x in float32) at higher mean accuracy and log p(x) AUROC over 10 seeds, 9 of 10 "
-              "at or above their own seed's release run; docs/training.md, Recipes) or finetune (with --init: a fifth "
-              "of the epochs, a third of the lr, short SGLD chains from noise with steps of 0.1, p(x) weight 0.02; "
+              "at or above their own seed's release run; docs/training.md, Recipes) or finetune (with --init: 15% "
+              "of the epochs, a third of the lr, short SGLD chains of 5 steps of 0.1, three quarters started from "
+              "per-class Gaussians of the training images, p(x) weight 0.16, the last epoch kept as best.pt; "
               "from a source with BatchNorm a tenth of the epochs and lr, persistent chains with steps of 0.01, p(x) "
               "weight 0.01; docs/training.md, Warm start); options you "
               "give still win [default: paper].")
@@ -94,6 +95,9 @@ from jemeval.runtime.workers import default_workers
 @click.option("--reinit-freq", type=float, help="Probability of restarting a chain from U(-1, 1) [default: 0.05].")
 @click.option("--short-run", is_flag=True, default=None,
               help="Non-persistent chains from U(-1, 1) every iteration (no buffer).")
+@click.option("--gaussian-starts", type=float, help="The fraction of chain starts (short-run chains; the buffer's "
+              "first states and restarts) drawn from a Gaussian per class fit to the training images (JEM++'s "
+              "informative initialisation) instead of U(-1, 1) [default: 0; --recipe finetune 0.75].")
 @click.option("--sigma", type=float, help="Gaussian noise std added to training inputs [default: 0.03].")
 @click.option("--augment",
               help="auto (the dataset's recipe: CIFAR pad 4 + crop + flip, SVHN no flip), none, or 'pad=4,flip=1'.")
@@ -116,6 +120,8 @@ from jemeval.runtime.workers import default_workers
 @click.option("--max-recoveries", type=int, help="Automatic divergence recoveries before giving up [default: 5].")
 @click.option("--max-val-drop", type=float, help="Roll back (as a divergence) an epoch whose validation accuracy is "
               "more than this below the best so far; 1 turns the check off [default: 0.2].")
+@click.option("--best-by", type=click.Choice(["val_acc", "last"]), help="What best.pt keeps: the first epoch of "
+              "the best validation accuracy, or the last epoch [default: val_acc; --recipe finetune last].")
 @click.option("--bf16/--no-bf16", default=None, help="bf16 autocast [default: on for CUDA, off on CPU].")
 @click.option("--channels-last/--no-channels-last", default=None,
               help="channels_last memory format [default: on; faster conv passes on CPU and GPU].")
