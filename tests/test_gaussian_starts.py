@@ -147,3 +147,12 @@ def test_a_run_with_gaussian_starts_resumes_exactly_and_differs_from_uniform_sta
     assert full["config"]["gaussian_starts"] == 0.5
     if not chains["short_run"]:
         assert torch.equal(full["replay_buffer"], half["replay_buffer"])
+
+
+def test_the_gpu_way_of_drawing_correlated_noise_is_the_cpu_way():
+    """On a GPU every class's product is computed and one kept; on the CPU one product per class."""
+    g = torch.Generator().manual_seed(0)
+    factors, z, k = torch.randn(4, 6, 6, generator=g), torch.randn(50, 6, generator=g), torch.arange(50) % 3
+    expected = torch.stack([factors[k[i]] @ z[i] for i in range(50)])
+    for every_class in (True, False):
+        torch.testing.assert_close(gs._correlated(factors, k, z, every_class=every_class), expected)

@@ -37,6 +37,8 @@ class GaussianStarts:
                  input_shape: Sequence[int]) -> None:
         self.means, self.factors, self.classes = means, factors, classes
         self.input_shape = tuple(input_shape)
+        self.slots = torch.full((int(classes.max()) + 1,), -1, dtype=torch.long)  # label -> its row, -1: none
+        self.slots[classes] = torch.arange(len(classes))
 
     @property
     def diagonal(self) -> bool:
@@ -94,20 +96,20 @@ class GaussianStarts:
         return starts
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The means, factors and label -> class slot table (-1: no training images) on ``device``,
-        copied there once."""
-        if self.means.device != device or not hasattr(self, "_slots"):
-            slots = torch.full((int(self.classes.max()) + 1,), -1, dtype=torch.long)
-            slots[self.classes] = torch.arange(len(self.classes))
-            self.means, self.factors, self._slots = self.means.to(device), self.factors.to(device), slots.to(device)
-        return self.means, self.factors, self._slots
+        """The means, factors and label -> row table on ``device`` (moved there once)."""
+        if self.means.device != device:
+            self.means, self.factors, self.slots = (t.to(device) for t in (self.means, self.factors, self.slots))
+        return self.means, self.factors, self.slots
 
 
-def _correlated(factors: torch.Tensor, k: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """``factors[k[i]] @ z[i]`` for every chain i. On a GPU every class's product is computed and one kept
-    (no data-dependent shapes, so no host synchronisation); on the CPU, where that would cost K times the
-    arithmetic (10 x 64 x 3072^2 for a CIFAR batch), one product per class present."""
-    if z.device.type != "cpu":
+def _correlated(factors: torch.Tensor, k: torch.Tensor, z: torch.Tensor, *,
+                every_class: bool | None = None) -> torch.Tensor:
+    """``factors[k[i]] @ z[i]`` for every chain i. On a GPU (``every_class``) every class's product is
+    computed and one kept (no data-dependent shapes, so no host synchronisation); on the CPU, where that
+    would cost K times the arithmetic (10 x 64 x 3072^2 for a CIFAR batch), one product per class present."""
+    if every_class is None:
+        every_class = z.device.type != "cpu"
+    if every_class:
         return torch.einsum("kij,nj->kni", factors, z)[k, torch.arange(len(z), device=z.device)]
     out = torch.empty_like(z)
     for c in torch.unique(k).tolist():
