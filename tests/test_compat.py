@@ -88,7 +88,8 @@ def test_a_0_2_train_config_file_still_configures_the_same_run(tmp_path, monkeyp
     def settings(text: str) -> dict:
         return {k: v for k, v in yaml.safe_load(text).items() if k != "device"}
 
-    added = {"workers": None, "init": None, "px-warmup-iters": 0}  # added since 0.2, at defaults that keep 0.2's run
+    added = {"workers": None, "init": None, "px-warmup-iters": 0,  # added since 0.2, at defaults that keep 0.2's run
+             "gaussian-starts": 0.0, "best-by": "val_acc"}
     printed = settings(result.output)
     assert {k: printed.pop(k) for k in added if k in printed} == added
     assert printed == settings((DATA_02 / "config.yaml").read_text())
