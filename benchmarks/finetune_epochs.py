@@ -21,7 +21,6 @@ import json
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,6 @@ from time_to_accuracy import parse_candidate
 from warm_start import aurocs, run
 
 from jemeval.evaluation.accuracy import evaluate
-from jemeval.training import resolve_config, train
 
 RELEASE = {"test_acc": 0.9784, "interp": 0.825, "uniform": 0.9995}
 CLASSIFIER = {"epochs": 40, "decay_epochs": (30,), "augment": "pad=1"}
@@ -44,21 +42,12 @@ def meets(row: dict) -> bool:
     return all(row[k] >= v for k, v in RELEASE.items())
 
 
-def finetune(out: Path, epochs: int, **settings) -> tuple[dict, float]:
-    """(summary, process CPU seconds): a fresh run for one epoch, then resumed to ``epochs``."""
-    fresh = {"overwrite": True} if epochs == 1 else {"resume": True}
-    config = resolve_config("digits", out=str(out), epochs=epochs, recipe="finetune", progress=False, grid_every=0,
-                            device="cpu", **fresh, **settings)
-    start = time.process_time()
-    summary = train(config).summary
-    return summary, time.process_time() - start
-
-
 def trajectory(seed: int, classifier: Path, out: Path, epochs: int, settings: dict) -> list[dict]:
     """Per epoch k: best.pt and last.pt of the k-epoch fine-tune, each measured."""
     rows = []
     for k in range(1, epochs + 1):
-        summary, cpu = finetune(out, k, seed=seed, init=str(classifier), **settings)
+        summary, cpu = run("digits", out, seed=seed, init=str(classifier), recipe="finetune", epochs=k,
+                           resume=k > 1, **settings)
         kept = out.parent / f"{out.name}-epoch{k}.pt"
         shutil.copyfile(out / "last.pt", kept)
         rows.append({"epoch": k, "cpu": cpu, "best_epoch": summary["best_epoch"],

@@ -39,9 +39,9 @@ DOCUMENTED_RELEASE = {"test_acc": 0.9784, "interp": 0.825, "uniform": 0.9995}
 
 
 def run(dataset: str, out: Path, **settings) -> tuple[dict, float]:
-    """(summary, process CPU seconds) of one training run."""
-    config = resolve_config(dataset, out=str(out), progress=False, grid_every=0, overwrite=True, device="cpu",
-                            **settings)
+    """(summary, process CPU seconds) of one training run (a fresh one unless ``settings`` say ``resume``)."""
+    fresh = {} if settings.get("resume") else {"overwrite": True}
+    config = resolve_config(dataset, out=str(out), progress=False, grid_every=0, device="cpu", **fresh, **settings)
     start = time.process_time()
     summary = train(config).summary
     return summary, time.process_time() - start

@@ -107,6 +107,11 @@ def test_a_fraction_outside_zero_to_one_is_refused(value, tmp_path):
         resolve_config("digits", out=str(tmp_path / "r"), gaussian_starts=value)
 
 
+def test_gaussian_starts_without_sampling_are_refused_not_ignored(tmp_path):
+    with pytest.raises(jemeval.errors.UsageError, match=r"gaussian_starts \(where SGLD chains start\) needs sampling"):
+        resolve_config("digits", out=str(tmp_path / "r"), gaussian_starts=0.5, px_weight=0.0)
+
+
 def test_the_cli_refuses_a_fraction_above_one_in_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner().invoke(cli, ["train", "digits", "--gaussian-starts", "2", "--out", "run"])

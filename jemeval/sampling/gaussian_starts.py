@@ -37,8 +37,7 @@ class GaussianStarts:
                  input_shape: Sequence[int]) -> None:
         self.means, self.factors, self.classes = means, factors, classes
         self.input_shape = tuple(input_shape)
-        self.slots = torch.full((int(classes.max()) + 1,), -1, dtype=torch.long)  # label -> its row, -1: none
-        self.slots[classes] = torch.arange(len(classes))
+        self.slots = _rows_of(classes)
 
     @property
     def diagonal(self) -> bool:
@@ -54,8 +53,7 @@ class GaussianStarts:
         full = len(classes) * dims * dims <= FULL_COVARIANCE_MAX
         sums = torch.zeros(len(classes), dims, dtype=torch.float64)
         squares = torch.zeros((len(classes), dims, dims) if full else (len(classes), dims), dtype=torch.float64)
-        slot = torch.full((int(classes.max()) + 1,), -1, dtype=torch.long)
-        slot[classes] = torch.arange(len(classes))
+        slot = _rows_of(classes)
         for start in range(0, len(labels), FIT_BATCH):
             rows = torch.arange(start, min(start + FIT_BATCH, len(labels)))
             flat = x[rows].detach().to("cpu", torch.float64).reshape(len(rows), dims)
@@ -82,9 +80,9 @@ class GaussianStarts:
         z = torch.randn(n, means.shape[1], generator=generator, device=device)
         pick = torch.rand(n, generator=generator, device=device) < fraction
         if y is not None:
-            wanted = slots[y.to(uniform.device).clamp(0, len(slots) - 1)]
-            pick = pick & (wanted >= 0) & (y.to(uniform.device) < len(slots))
-            k = wanted.clamp(min=0)
+            y = y.to(uniform.device)
+            wanted = torch.where(y < len(slots), slots[y.clamp(max=len(slots) - 1)], -1)
+            pick, k = pick & (wanted >= 0), wanted.clamp(min=0)
         noise = factors[k] * z if self.diagonal else _correlated(factors, k, z)
         gaussian = (means[k] + noise).clamp(-1, 1).reshape(uniform.shape)
         return torch.where(pick.view(-1, *([1] * len(self.input_shape))), gaussian, uniform)
@@ -100,6 +98,13 @@ class GaussianStarts:
         if self.means.device != device:
             self.means, self.factors, self.slots = (t.to(device) for t in (self.means, self.factors, self.slots))
         return self.means, self.factors, self.slots
+
+
+def _rows_of(classes: torch.Tensor) -> torch.Tensor:
+    """Label -> the row of its Gaussian (-1 for a label without training images)."""
+    rows = torch.full((int(classes.max()) + 1,), -1, dtype=torch.long)
+    rows[classes] = torch.arange(len(classes))
+    return rows
 
 
 def _correlated(factors: torch.Tensor, k: torch.Tensor, z: torch.Tensor, *,

@@ -274,6 +274,8 @@ class TrainConfig:
                   "the factored objective needs every label: drop labels_per_class")
         _need(self.samples or not self.short_run, "short_run",
               "short_run=True needs sampling: set px_weight or pxy_weight above 0")
+        _need(self.samples or not self.gaussian_starts, "gaussian_starts",
+              "gaussian_starts (where SGLD chains start) needs sampling: set px_weight or pxy_weight above 0")
         _need(self.recipe != "finetune" or bool(self.init), "recipe",
               "recipe 'finetune' continues a classifier's training as a JEM: name the classifier with init "
               "(--init SOURCE: a checkpoint, timm:NAME, torchvision:NAME, ...)")

@@ -80,10 +80,10 @@ class TrainStep:
     # -- negatives ------------------------------------------------------------------------------
     def negatives(self, n: int, y: torch.Tensor | None = None) -> torch.Tensor:
         """``n`` SGLD samples (class-conditional for labels ``y``): persistent or short-run chains."""
-        if (self.options.short_run or self.buffer is None) and self.options.starts is not None:
-            x0, idx = self.options.starts(n, y, generator=self.generator, device=self.device), None
-        elif self.options.short_run or self.buffer is None:
-            x0, idx = uniform_like_shape(n, self.input_shape, device=self.device, generator=self.generator), None
+        if self.options.short_run or self.buffer is None:
+            starts = self.options.starts
+            x0, idx = (uniform_like_shape(n, self.input_shape, device=self.device, generator=self.generator)
+                       if starts is None else starts(n, y, generator=self.generator, device=self.device)), None
         else:
             x0, idx = self.buffer.sample(n, y, generator=self.generator)
         x = self.sgld.sample(self.sample_model, x0, y, generator=self.generator, fastpath=self.fastpath)
